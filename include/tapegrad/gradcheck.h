@@ -1,0 +1,39 @@
+/* tapegrad/gradcheck.h - numerical gradient checking.
+ * Included by <tapegrad.h>; do not include directly. */
+#ifndef TAPEGRAD_GRADCHECK_H
+#define TAPEGRAD_GRADCHECK_H
+
+#include "tensor.h"
+
+/* Builds the output from the inputs with tg_* ops. Returns a new reference
+ * (or a scope-owned one) or NULL with the last error set. */
+typedef tg_tensor *(*tg_gradcheck_fn)(void *userdata, int n, tg_tensor *const *inputs);
+
+typedef struct tg_gradcheck_opts {
+    double eps;        /* central-difference step (default 1e-6) */
+    double atol;       /* pass if |analytic - numeric| <= atol + rtol*|numeric| */
+    double rtol;       /* defaults 1e-7 and 1e-5 */
+    int fast;          /* nonzero: compare random directional derivatives only */
+    int directions;    /* fast mode: number of random directions (default 4) */
+    uint64_t seed;     /* seed for the output weights and the directions */
+} tg_gradcheck_opts;
+
+typedef struct tg_gradcheck_result {
+    bool checked;        /* false for inputs that are not floating (targets) */
+    bool passed;
+    double max_abs_err;  /* max |analytic - numeric| */
+    double max_rel_err;  /* max |a - n| / max(|n|, 1e-12) over checked entries */
+    int64_t worst_index; /* flat index (fast mode: direction) failing worst */
+} tg_gradcheck_result;
+
+/* Checks d(sum(w * fn(x)))/dx for each floating input x, where w is a fixed
+ * random weight tensor (so every output element counts), by central
+ * differences in f64 against tg_backward. All floating inputs must be f64
+ * (TG_ERR_DTYPE) and are left unchanged. results has n entries (may be NULL).
+ * Returns TG_OK when every checked input passes, TG_ERR_GRADCHECK when one
+ * fails (results say which), or the error of fn or backward. */
+tg_status tg_gradcheck(tg_gradcheck_fn fn, void *userdata, int n,
+                       tg_tensor *const *inputs, const tg_gradcheck_opts *opts,
+                       tg_gradcheck_result *results);
+
+#endif

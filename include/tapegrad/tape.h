@@ -1,0 +1,71 @@
+/* tapegrad/tape.h - the tape, leaves, backward, no-grad mode.
+ * Included by <tapegrad.h>; do not include directly. */
+#ifndef TAPEGRAD_TAPE_H
+#define TAPEGRAD_TAPE_H
+
+#include "tensor.h"
+
+/* Append-only record of one forward pass. Opaque. */
+typedef struct tg_tape tg_tape;
+
+/* What each op saves for backward. Only TG_CHECKPOINT_NONE (save everything
+ * backward needs) exists so far. */
+typedef enum tg_checkpoint_policy { TG_CHECKPOINT_NONE = 0 } tg_checkpoint_policy;
+
+/* Options passed by value; a zeroed struct gives the defaults. */
+typedef struct tg_tape_opts {
+    tg_checkpoint_policy policy;
+} tg_tape_opts;
+
+/* New empty tape (NULL opts: defaults). Free with tg_tape_free. */
+tg_tape *tg_tape_new(const tg_tape_opts *opts);
+/* Releases every node and saved tensor and invalidates the tensors recorded
+ * on it; leaves stay leaves (their gradients are kept) and may be used on the
+ * tape again. Tensors the user still holds stay valid as data.
+ * No-op if tape is NULL. */
+void tg_tape_free(tg_tape *tape);
+/* Drops the whole record at once (nodes, saved tensors, pending state) and
+ * starts a new generation. Interior tensors recorded before it stay readable
+ * but using them in an op that records fails with TG_ERR_STALE. Leaves and
+ * their gradients are kept. */
+void tg_tape_reset(tg_tape *tape);
+/* Number of nodes recorded since the last reset. */
+int64_t tg_tape_node_count(const tg_tape *tape);
+/* Bytes of tensor data the tape holds for backward now, and at peak since
+ * the last reset (a storage shared by two nodes counts once per node). */
+size_t tg_tape_saved_bytes(const tg_tape *tape);
+size_t tg_tape_saved_peak_bytes(const tg_tape *tape);
+
+/* Marks t as a leaf that requires grad on tape. t must be floating and not
+ * already recorded as an interior result (TG_ERR_INVALID), nor a leaf of
+ * another tape (TG_ERR_TAPE). Marking a leaf of the same tape again is OK. */
+tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t);
+/* True for leaves and recorded results of the current tape generation. */
+bool tg_tensor_requires_grad(const tg_tensor *t);
+bool tg_tensor_is_leaf(const tg_tensor *t);
+
+/* Reverse sweep from loss, which must hold one element (else TG_ERR_SEED).
+ * Gradients accumulate (+=) into the leaves' grads. Saved tensors and
+ * intermediate gradients are freed as soon as the sweep no longer needs
+ * them, so a second backward over the same record fails with TG_ERR_STALE.
+ * Backward runs with grad recording disabled. */
+tg_status tg_backward(tg_tensor *loss);
+/* Same, seeding d(out) with seed (same shape, dtype and backend as out). */
+tg_status tg_backward_seed(tg_tensor *out, const tg_tensor *seed);
+
+/* Borrowed pointer to the accumulated gradient of leaf t; valid until
+ * tg_grad_zero(t) or t's release. NULL with TG_ERR_NO_GRAD if t is not a
+ * leaf, or if no backward has reached it yet. */
+tg_tensor *tg_grad(const tg_tensor *t);
+/* Drops leaf t's gradient (the next backward starts from zero). */
+void tg_grad_zero(tg_tensor *t);
+
+/* New untracked tensor sharing t's storage (new reference). */
+tg_tensor *tg_detach(tg_tensor *t);
+
+/* Per-thread grad mode. When disabled, ops record nothing and return
+ * untracked results (evaluation). Returns the previous setting. */
+bool tg_grad_set_enabled(bool enabled);
+bool tg_grad_enabled(void);
+
+#endif

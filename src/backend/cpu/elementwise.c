@@ -1,0 +1,92 @@
+/* cpu backend: elementwise loops shaped so the compiler vectorizes them
+ * (restrict pointers, unit stride, no calls). Broadcasts other than the
+ * two common fast paths fall back to the ref kernel kept in the table. */
+#include "backend/kernels.h"
+
+static tg_binary_fn ref_binary[TG_DTYPE_COUNT][6];
+
+#define DEF_BIN(name, KI, T, DT, expr)                                              \
+    static void name(const tg_bcast *bc, const void *av, const void *bv, void *ov)  \
+    {                                                                               \
+        const T *a = av, *b = bv;                                                   \
+        T *o = ov;                                                                  \
+        int64_t n = bc->n;                                                          \
+        if (bc->same) {                                                             \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T x = a[i], y = b[i];                                               \
+                o[i] = (T)(expr);                                                   \
+            }                                                                       \
+        } else if (bc->b_scalar) {                                                  \
+            const T y = b[0];                                                       \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T x = a[i];                                                         \
+                o[i] = (T)(expr);                                                   \
+            }                                                                       \
+        } else {                                                                    \
+            ref_binary[DT][KI](bc, av, bv, ov);                                     \
+        }                                                                           \
+    }
+
+#define BIN_SET(T, SFX, DT)                                                         \
+    DEF_BIN(add_##SFX, 0, T, DT, x + y)                                             \
+    DEF_BIN(sub_##SFX, 1, T, DT, x - y)                                             \
+    DEF_BIN(mul_##SFX, 2, T, DT, x * y)                                             \
+    DEF_BIN(div_##SFX, 3, T, DT, x / y)
+
+BIN_SET(float, f32, TG_F32)
+BIN_SET(double, f64, TG_F64)
+
+#define DEF_MAP(name, T, expr)                                                      \
+    static void name(int64_t n, const void *xv, void *yv, double p)                 \
+    {                                                                               \
+        const T *x = xv;                                                            \
+        T *y = yv;                                                                  \
+        const T q = (T)p;                                                           \
+        (void)q;                                                                    \
+        for (int64_t i = 0; i < n; i++) {                                           \
+            T v = x[i];                                                             \
+            y[i] = (T)(expr);                                                       \
+        }                                                                           \
+    }
+
+#define DEF_GRADMAP(name, T, expr)                                                  \
+    static void name(int64_t n, const void *sv, const void *gyv, void *gxv, double p) \
+    {                                                                               \
+        const T *s = sv, *gy = gyv;                                                 \
+        T *gx = gxv;                                                                \
+        (void)p;                                                                    \
+        for (int64_t i = 0; i < n; i++) {                                           \
+            T v = s[i], g = gy[i];                                                  \
+            gx[i] = (T)(expr);                                                      \
+        }                                                                           \
+    }
+
+#define MAP_SET(T, SFX)                                                             \
+    DEF_MAP(neg_##SFX, T, -v)                                                       \
+    DEF_MAP(relu_##SFX, T, v > 0 ? v : (T)0)                                        \
+    DEF_MAP(adds_##SFX, T, v + q)                                                   \
+    DEF_MAP(muls_##SFX, T, v * q)                                                   \
+    DEF_GRADMAP(tanh_grad_##SFX, T, g * ((T)1 - v * v))                             \
+    DEF_GRADMAP(sigmoid_grad_##SFX, T, g * v * ((T)1 - v))                          \
+    DEF_GRADMAP(relu_grad_##SFX, T, v > 0 ? g : (T)0)                               \
+    DEF_GRADMAP(exp_grad_##SFX, T, g * v)
+
+MAP_SET(float, f32)
+MAP_SET(double, f64)
+
+void tg__cpu_elementwise_register(void)
+{
+    const tg_backend C = TG_BACKEND_CPU;
+    static const tg_kernel_id bin_ids[4] = {TG_K_ADD, TG_K_SUB, TG_K_MUL, TG_K_DIV};
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 4; k++)
+            ref_binary[d][k] = (tg_binary_fn)tg__kernel(bin_ids[k], TG_BACKEND_REF, (tg_dtype)d);
+#define SET2(K, name)                                                               \
+    tg__kernel_set(TG_K_##K, C, TG_F32, (tg_kernel_fn)name##_f32);                        \
+    tg__kernel_set(TG_K_##K, C, TG_F64, (tg_kernel_fn)name##_f64);
+    SET2(ADD, add) SET2(SUB, sub) SET2(MUL, mul) SET2(DIV, div)
+    SET2(NEG, neg) SET2(RELU, relu) SET2(ADD_SCALAR, adds) SET2(MUL_SCALAR, muls)
+    SET2(TANH_GRAD, tanh_grad) SET2(SIGMOID_GRAD, sigmoid_grad) SET2(RELU_GRAD, relu_grad)
+    SET2(EXP_GRAD, exp_grad)
+#undef SET2
+}

@@ -1,0 +1,87 @@
+/* Internal definitions shared by the library's modules: the tensor layout,
+ * storage, error helpers and scope tracking. Not installed. */
+#ifndef TG_CORE_INTERNAL_H
+#define TG_CORE_INTERNAL_H
+
+#include <tapegrad.h>
+
+#if defined(__GNUC__)
+#define TG_INTERNAL __attribute__((visibility("hidden")))
+#define TG_THREAD_LOCAL _Thread_local
+#else
+#define TG_INTERNAL
+#define TG_THREAD_LOCAL _Thread_local
+#endif
+
+/* Data of one or more tensors (views share it). */
+typedef struct tg_storage {
+    int32_t refcount;
+    tg_backend backend;
+    size_t nbytes;
+    void *data;
+} tg_storage;
+
+struct tg_tape;
+
+struct tg_tensor {
+    int32_t refcount;
+    tg_dtype dtype;
+    tg_backend backend;
+    int ndim;
+    int64_t shape[TG_MAX_DIMS];
+    int64_t strides[TG_MAX_DIMS]; /* in elements */
+    int64_t numel;
+    int64_t offset;               /* in elements, into storage */
+    bool contiguous;
+    bool scope_owned;
+    tg_storage *storage;
+    /* autodiff state: tape != NULL for leaves and recorded results */
+    struct tg_tape *tape;
+    uint32_t gen;   /* tape generation the slot belongs to */
+    int32_t slot;   /* gradient slot in that generation */
+    int64_t node;   /* producing node index, -1 for leaves */
+    bool is_leaf;
+    tg_tensor *grad; /* leaves: accumulated gradient */
+};
+
+/* ---- errors (src/core/status.c) */
+TG_INTERNAL tg_status tg__err(tg_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* NULL input #argi (1-based) to op: keeps a pending error, else records
+ * TG_ERR_NULL. Returns the pending code. */
+TG_INTERNAL tg_status tg__err_null(const char *op, int argi);
+
+/* ---- allocation (src/core/alloc.c): all tensor storage goes through here */
+TG_INTERNAL void *tg__data_alloc(size_t nbytes);
+TG_INTERNAL void tg__data_free(void *p, size_t nbytes);
+
+/* ---- tensors (src/core/tensor.c) */
+/* New contiguous tensor with uninitialised data, not scope-tracked. */
+TG_INTERNAL tg_tensor *tg__tensor_empty(tg_dtype dtype, int ndim, const int64_t *shape,
+                                        tg_backend backend);
+TG_INTERNAL tg_tensor *tg__tensor_empty_spec(const tg_spec *spec, tg_backend backend);
+/* New header sharing t's storage with the given shape/strides/offset. */
+TG_INTERNAL tg_tensor *tg__tensor_view(const tg_tensor *t, int ndim, const int64_t *shape,
+                                       const int64_t *strides, int64_t offset);
+TG_INTERNAL void *tg__tensor_ptr(const tg_tensor *t); /* first element */
+TG_INTERNAL int64_t tg__numel(int ndim, const int64_t *shape);
+TG_INTERNAL void tg__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
+TG_INTERNAL bool tg__is_float(tg_dtype dt);
+TG_INTERNAL void tg__spec_of(const tg_tensor *t, tg_spec *spec);
+TG_INTERNAL bool tg__same_shape(int na, const int64_t *a, int nb, const int64_t *b);
+/* Validates creation arguments (ndim, shape, dtype); records errors as op. */
+TG_INTERNAL tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape);
+TG_INTERNAL tg_status tg__check_dtype(const char *op, tg_dtype dtype);
+
+/* ---- scopes (src/core/scope.c) */
+/* Hands t to the innermost scope if one is open. Returns t. */
+TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
+
+/* ---- dispatch hooks the tape uses without including dispatch
+ * (src/dispatch/registry.c) */
+TG_INTERNAL void tg__registry_init(void);
+
+#endif

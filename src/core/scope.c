@@ -1,0 +1,84 @@
+/* Per-thread scopes: a stack of owned tensors with one mark per open scope.
+ * Ending a scope releases everything above its mark. */
+#include <stdlib.h>
+
+#include "core/internal.h"
+
+#define MAX_SCOPES 64
+
+static TG_THREAD_LOCAL tg_tensor **items;
+static TG_THREAD_LOCAL size_t nitems, capitems;
+static TG_THREAD_LOCAL size_t marks[MAX_SCOPES];
+static TG_THREAD_LOCAL int depth;
+static TG_THREAD_LOCAL int overflow; /* scopes opened past MAX_SCOPES */
+
+void tg_scope_begin(void)
+{
+    if (depth == MAX_SCOPES) {
+        overflow++;
+        return;
+    }
+    marks[depth++] = nitems;
+}
+
+int tg_scope_depth(void)
+{
+    return depth + overflow;
+}
+
+tg_status tg_scope_end(void)
+{
+    if (overflow) {
+        overflow--;
+        return TG_OK;
+    }
+    if (depth == 0) return tg__err(TG_ERR_SCOPE, "tg_scope_end without a matching tg_scope_begin");
+    size_t mark = marks[--depth];
+    /* Release newest first, so results go before what they were built from. */
+    while (nitems > mark) {
+        tg_tensor *t = items[--nitems];
+        t->scope_owned = false;
+        tg_tensor_release(t);
+    }
+    if (depth == 0 && capitems > 4096) {
+        free(items);
+        items = NULL;
+        capitems = 0;
+    }
+    return TG_OK;
+}
+
+tg_tensor *tg__scope_track(tg_tensor *t)
+{
+    if (!t || depth == 0) return t;
+    if (nitems == capitems) {
+        size_t cap = capitems ? capitems * 2 : 256;
+        tg_tensor **p = realloc(items, cap * sizeof *p);
+        if (!p) {
+            /* Cannot own it: fail the call rather than leak silently. */
+            tg_tensor_release(t);
+            tg__err(TG_ERR_NOMEM, "out of memory growing the scope");
+            return NULL;
+        }
+        items = p;
+        capitems = cap;
+    }
+    items[nitems++] = t;
+    t->scope_owned = true;
+    return t;
+}
+
+tg_tensor *tg_scope_keep(tg_tensor *t)
+{
+    if (!t || !t->scope_owned || depth == 0) return t;
+    size_t mark = marks[depth - 1];
+    for (size_t i = nitems; i > mark; i--) {
+        if (items[i - 1] == t) {
+            items[i - 1] = items[nitems - 1];
+            nitems--;
+            t->scope_owned = false;
+            return t;
+        }
+    }
+    return t; /* owned by an outer scope: leave it there */
+}

@@ -1,0 +1,474 @@
+/* Backend tensors: layout, creation, accessors and reference counting. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "tape/tape_internal.h"
+
+static TG_THREAD_LOCAL tg_backend default_backend = TG_BACKEND_CPU;
+
+static const char *const dtype_names[TG_DTYPE_COUNT] = {"f32", "f64", "i64"};
+static const size_t dtype_sizes[TG_DTYPE_COUNT] = {4, 8, 8};
+static const char *const backend_names[TG_BACKEND_COUNT] = {"ref", "cpu"};
+
+const char *tg_dtype_name(tg_dtype dtype)
+{
+    return (unsigned)dtype < TG_DTYPE_COUNT ? dtype_names[dtype] : "invalid";
+}
+
+const char *tg_backend_name(tg_backend backend)
+{
+    return (unsigned)backend < TG_BACKEND_COUNT ? backend_names[backend] : "invalid";
+}
+
+size_t tg_dtype_size(tg_dtype dtype)
+{
+    return (unsigned)dtype < TG_DTYPE_COUNT ? dtype_sizes[dtype] : 0;
+}
+
+tg_backend tg_set_default_backend(tg_backend backend)
+{
+    tg_backend prev = default_backend;
+    if ((unsigned)backend < TG_BACKEND_COUNT) default_backend = backend;
+    return prev;
+}
+
+tg_backend tg_default_backend(void)
+{
+    return default_backend;
+}
+
+bool tg__is_float(tg_dtype dt)
+{
+    return dt == TG_F32 || dt == TG_F64;
+}
+
+int64_t tg__numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+void tg__contig_strides(int ndim, const int64_t *shape, int64_t *strides)
+{
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+}
+
+bool tg__same_shape(int na, const int64_t *a, int nb, const int64_t *b)
+{
+    if (na != nb) return false;
+    for (int i = 0; i < na; i++)
+        if (a[i] != b[i]) return false;
+    return true;
+}
+
+char *tg_shape_str(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    size_t used = 0;
+    if (!buf || len == 0) return buf;
+    buf[0] = '\0';
+    used += (size_t)snprintf(buf + used, len - used, "[");
+    for (int i = 0; i < ndim && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, i ? ",%lld" : "%lld", (long long)shape[i]);
+    if (used < len) snprintf(buf + used, len - used, "]");
+    return buf;
+}
+
+tg_status tg__check_dtype(const char *op, tg_dtype dtype)
+{
+    if ((unsigned)dtype >= TG_DTYPE_COUNT)
+        return tg__err(TG_ERR_DTYPE, "bad argument to '%s' (invalid dtype %d)", op, (int)dtype);
+    return TG_OK;
+}
+
+tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
+{
+    if (ndim < 0 || ndim > TG_MAX_DIMS)
+        return tg__err(TG_ERR_SHAPE, "bad argument to '%s' (ndim %d outside 0..%d)", op, ndim,
+                       TG_MAX_DIMS);
+    if (ndim > 0 && !shape) return tg__err(TG_ERR_NULL, "bad argument to '%s' (NULL shape)", op);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return tg__err(TG_ERR_SHAPE, "bad argument to '%s' (dim %d has negative size %lld)",
+                           op, i, (long long)shape[i]);
+        if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i])
+            return tg__err(TG_ERR_SHAPE, "bad argument to '%s' (shape too large)", op);
+        n *= shape[i];
+    }
+    return TG_OK;
+}
+
+static tg_tensor *header_new(void)
+{
+    tg_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        tg__err(TG_ERR_NOMEM, "out of memory allocating a tensor header");
+        return NULL;
+    }
+    t->refcount = 1;
+    t->slot = -1;
+    t->node = -1;
+    return t;
+}
+
+tg_tensor *tg__tensor_empty(tg_dtype dtype, int ndim, const int64_t *shape, tg_backend backend)
+{
+    tg_tensor *t = header_new();
+    if (!t) return NULL;
+    t->dtype = dtype;
+    t->backend = backend;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    tg__contig_strides(ndim, shape, t->strides);
+    t->numel = tg__numel(ndim, shape);
+    t->contiguous = true;
+    size_t nbytes = (size_t)t->numel * tg_dtype_size(dtype);
+    t->storage = malloc(sizeof *t->storage);
+    void *data = t->storage ? tg__data_alloc(nbytes) : NULL;
+    if (!data) {
+        free(t->storage);
+        free(t);
+        tg__err(TG_ERR_NOMEM, "out of memory allocating %zu bytes of tensor data", nbytes);
+        return NULL;
+    }
+    t->storage->refcount = 1;
+    t->storage->backend = backend;
+    t->storage->nbytes = nbytes;
+    t->storage->data = data;
+    return t;
+}
+
+tg_tensor *tg__tensor_empty_spec(const tg_spec *spec, tg_backend backend)
+{
+    return tg__tensor_empty(spec->dtype, spec->ndim, spec->shape, backend);
+}
+
+tg_tensor *tg__tensor_view(const tg_tensor *src, int ndim, const int64_t *shape,
+                           const int64_t *strides, int64_t offset)
+{
+    tg_tensor *t = header_new();
+    if (!t) return NULL;
+    t->dtype = src->dtype;
+    t->backend = src->backend;
+    t->ndim = ndim;
+    t->numel = tg__numel(ndim, shape);
+    t->offset = offset;
+    int64_t expect = 1;
+    t->contiguous = true;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t->shape[i] = shape[i];
+        t->strides[i] = strides[i];
+        if (shape[i] != 1 && strides[i] != expect) t->contiguous = false;
+        expect *= shape[i];
+    }
+    if (t->contiguous) tg__contig_strides(ndim, shape, t->strides);
+    t->storage = src->storage;
+    t->storage->refcount++;
+    return t;
+}
+
+void *tg__tensor_ptr(const tg_tensor *t)
+{
+    return (char *)t->storage->data + (size_t)t->offset * tg_dtype_size(t->dtype);
+}
+
+void tg__spec_of(const tg_tensor *t, tg_spec *spec)
+{
+    spec->dtype = t->dtype;
+    spec->ndim = t->ndim;
+    memcpy(spec->shape, t->shape, sizeof spec->shape);
+}
+
+tg_tensor *tg_tensor_retain(tg_tensor *t)
+{
+    if (t) t->refcount++;
+    return t;
+}
+
+void tg_tensor_release(tg_tensor *t)
+{
+    if (!t || --t->refcount > 0) return;
+    if (t->grad) tg_tensor_release(t->grad);
+    if (t->tape) tg__tape_unref(t->tape);
+    if (--t->storage->refcount == 0) {
+        tg__data_free(t->storage->data, t->storage->nbytes);
+        free(t->storage);
+    }
+    free(t);
+}
+
+/* Writes value (as dtype) to element i of a contiguous buffer. */
+static void store(void *p, tg_dtype dt, int64_t i, double v)
+{
+    switch (dt) {
+    case TG_F32: ((float *)p)[i] = (float)v; break;
+    case TG_F64: ((double *)p)[i] = v; break;
+    case TG_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+    }
+}
+
+static double load(const void *p, tg_dtype dt, int64_t i)
+{
+    switch (dt) {
+    case TG_F32: return ((const float *)p)[i];
+    case TG_F64: return ((const double *)p)[i];
+    case TG_I64: return (double)((const int64_t *)p)[i];
+    }
+    return 0.0;
+}
+
+static tg_tensor *create(const char *op, tg_dtype dtype, int ndim, const int64_t *shape)
+{
+    if (tg__check_dtype(op, dtype) || tg__check_shape(op, ndim, shape)) return NULL;
+    return tg__tensor_empty(dtype, ndim, shape, default_backend);
+}
+
+tg_tensor *tg_tensor_from_data(tg_dtype dtype, int ndim, const int64_t *shape, const void *data)
+{
+    tg_tensor *t = create("tensor_from_data", dtype, ndim, shape);
+    if (!t) return NULL;
+    if (!data && t->numel > 0) {
+        tg_tensor_release(t);
+        tg__err(TG_ERR_NULL, "bad argument #4 to 'tensor_from_data' (NULL data)");
+        return NULL;
+    }
+    if (t->numel) memcpy(t->storage->data, data, t->storage->nbytes);
+    return tg__scope_track(t);
+}
+
+tg_tensor *tg_full(tg_dtype dtype, int ndim, const int64_t *shape, double value)
+{
+    tg_tensor *t = create("full", dtype, ndim, shape);
+    if (!t) return NULL;
+    for (int64_t i = 0; i < t->numel; i++) store(t->storage->data, dtype, i, value);
+    return tg__scope_track(t);
+}
+
+tg_tensor *tg_zeros(tg_dtype dtype, int ndim, const int64_t *shape)
+{
+    tg_tensor *t = create("zeros", dtype, ndim, shape);
+    if (!t) return NULL;
+    memset(t->storage->data, 0, t->storage->nbytes);
+    return tg__scope_track(t);
+}
+
+tg_tensor *tg_ones(tg_dtype dtype, int ndim, const int64_t *shape)
+{
+    return tg_full(dtype, ndim, shape, 1.0);
+}
+
+tg_tensor *tg_scalar(tg_dtype dtype, double value)
+{
+    return tg_full(dtype, 0, NULL, value);
+}
+
+tg_tensor *tg_arange(tg_dtype dtype, double start, double stop, double step)
+{
+    if (step == 0.0 || !isfinite(start) || !isfinite(stop) || !isfinite(step)) {
+        tg__err(TG_ERR_INVALID, "bad argument #4 to 'arange' (step must be finite and nonzero)");
+        return NULL;
+    }
+    double n = ceil((stop - start) / step);
+    int64_t shape[1] = {n > 0 ? (int64_t)n : 0};
+    tg_tensor *t = create("arange", dtype, 1, shape);
+    if (!t) return NULL;
+    for (int64_t i = 0; i < shape[0]; i++) store(t->storage->data, dtype, i, start + (double)i * step);
+    return tg__scope_track(t);
+}
+
+/* ---- seeded generator */
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void tg_rng_seed(tg_rng *rng, uint64_t seed)
+{
+    if (!rng) return;
+    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+uint64_t tg_rng_next(tg_rng *rng)
+{
+    uint64_t *s = rng->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double tg_rng_double(tg_rng *rng)
+{
+    return (double)(tg_rng_next(rng) >> 11) * 0x1.0p-53;
+}
+
+double tg_rng_gauss(tg_rng *rng)
+{
+    for (;;) {
+        double u = 2.0 * tg_rng_double(rng) - 1.0;
+        double v = 2.0 * tg_rng_double(rng) - 1.0;
+        double s = u * u + v * v;
+        if (s > 0.0 && s < 1.0) return u * sqrt(-2.0 * log(s) / s);
+    }
+}
+
+static tg_tensor *sample(const char *op, tg_rng *rng, tg_dtype dtype, int ndim,
+                         const int64_t *shape, double a, double b, bool normal)
+{
+    if (!rng) {
+        tg__err(TG_ERR_NULL, "bad argument #1 to '%s' (NULL generator)", op);
+        return NULL;
+    }
+    if (!tg__is_float(dtype)) {
+        tg__err(TG_ERR_DTYPE, "bad argument #2 to '%s' (%s is not a floating dtype)", op,
+                tg_dtype_name(dtype));
+        return NULL;
+    }
+    tg_tensor *t = create(op, dtype, ndim, shape);
+    if (!t) return NULL;
+    for (int64_t i = 0; i < t->numel; i++) {
+        double v = normal ? a + b * tg_rng_gauss(rng) : a + (b - a) * tg_rng_double(rng);
+        store(t->storage->data, dtype, i, v);
+    }
+    return tg__scope_track(t);
+}
+
+tg_tensor *tg_rand_uniform(tg_rng *rng, tg_dtype dtype, int ndim, const int64_t *shape, double lo,
+                           double hi)
+{
+    return sample("rand_uniform", rng, dtype, ndim, shape, lo, hi, false);
+}
+
+tg_tensor *tg_rand_normal(tg_rng *rng, tg_dtype dtype, int ndim, const int64_t *shape,
+                          double mean, double std)
+{
+    return sample("rand_normal", rng, dtype, ndim, shape, mean, std, true);
+}
+
+/* ---- accessors */
+int tg_tensor_ndim(const tg_tensor *t)
+{
+    return t ? t->ndim : -1;
+}
+
+const int64_t *tg_tensor_shape(const tg_tensor *t)
+{
+    return t ? t->shape : NULL;
+}
+
+int64_t tg_tensor_dim(const tg_tensor *t, int i)
+{
+    if (!t) return -1;
+    if (i < 0) i += t->ndim;
+    return (i >= 0 && i < t->ndim) ? t->shape[i] : -1;
+}
+
+int64_t tg_tensor_numel(const tg_tensor *t)
+{
+    return t ? t->numel : 0;
+}
+
+tg_dtype tg_tensor_dtype(const tg_tensor *t)
+{
+    return t ? t->dtype : TG_F32;
+}
+
+tg_backend tg_tensor_backend(const tg_tensor *t)
+{
+    return t ? t->backend : TG_BACKEND_REF;
+}
+
+bool tg_tensor_is_contiguous(const tg_tensor *t)
+{
+    return t && t->contiguous;
+}
+
+void *tg_tensor_data(tg_tensor *t)
+{
+    if (!t) {
+        tg__err_null("tensor_data", 1);
+        return NULL;
+    }
+    if (!t->contiguous) {
+        tg__err(TG_ERR_INVALID, "bad argument #1 to 'tensor_data' (tensor is a strided view; "
+                                "use tg_contiguous first)");
+        return NULL;
+    }
+    return tg__tensor_ptr(t);
+}
+
+/* Flat row-major index -> storage element offset. */
+static int64_t offset_of(const tg_tensor *t, int64_t i)
+{
+    if (t->contiguous) return t->offset + i;
+    int64_t off = t->offset;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t n = t->shape[d];
+        off += (i % n) * t->strides[d];
+        i /= n;
+    }
+    return off;
+}
+
+tg_status tg_tensor_copy_out(const tg_tensor *t, void *dst, size_t nbytes)
+{
+    if (!t) return tg__err_null("tensor_copy_out", 1);
+    if (!dst) return tg__err(TG_ERR_NULL, "bad argument #2 to 'tensor_copy_out' (NULL buffer)");
+    size_t es = tg_dtype_size(t->dtype);
+    size_t need = (size_t)t->numel * es;
+    if (nbytes < need)
+        return tg__err(TG_ERR_INVALID,
+                       "bad argument #3 to 'tensor_copy_out' (buffer of %zu bytes, need %zu)",
+                       nbytes, need);
+    if (t->contiguous) {
+        if (need) memcpy(dst, tg__tensor_ptr(t), need);
+        return TG_OK;
+    }
+    const char *base = t->storage->data;
+    for (int64_t i = 0; i < t->numel; i++)
+        memcpy((char *)dst + (size_t)i * es, base + (size_t)offset_of(t, i) * es, es);
+    return TG_OK;
+}
+
+tg_status tg_tensor_get(const tg_tensor *t, int64_t i, double *out)
+{
+    if (!t) return tg__err_null("tensor_get", 1);
+    if (!out) return tg__err(TG_ERR_NULL, "bad argument #3 to 'tensor_get' (NULL output)");
+    if (i < 0 || i >= t->numel)
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'tensor_get' (index %lld outside [0,%lld))",
+                       (long long)i, (long long)t->numel);
+    *out = load(t->storage->data, t->dtype, offset_of(t, i));
+    return TG_OK;
+}
+
+tg_status tg_tensor_item(const tg_tensor *t, double *out)
+{
+    if (!t) return tg__err_null("tensor_item", 1);
+    if (t->numel != 1) {
+        char s[96];
+        return tg__err(TG_ERR_SHAPE, "bad argument #1 to 'tensor_item' (shape %s has %lld elements, need 1)",
+                       tg_shape_str(t->ndim, t->shape, s, sizeof s), (long long)t->numel);
+    }
+    return tg_tensor_get(t, 0, out);
+}

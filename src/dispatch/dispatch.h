@@ -1,0 +1,47 @@
+/* What op files may use: kernel lookup, shape-rule helpers, the built-in
+ * list. Op files include this header; dispatch includes no op file. */
+#ifndef TG_DISPATCH_H
+#define TG_DISPATCH_H
+
+#include "backend/kernels.h"
+#include "core/opctx.h"
+
+/* Defined by src/ops/builtins.c: every built-in op, NULL-terminated. */
+extern const tg_op *const tg__builtin_ops[];
+
+/* The kernel for (id, the tensor's backend and dtype), cast to type. */
+#define TG_KERNEL(type, id, t) ((type)tg__kernel((id), (t)->backend, (t)->dtype))
+
+/* Shape-rule helpers: each records a "bad argument" error naming op. */
+TG_INTERNAL tg_status tg__need_float(const tg_op *op, int argi, const tg_tensor *t);
+TG_INTERNAL tg_status tg__need_same_dtype(const tg_op *op, const tg_tensor *a, const tg_tensor *b);
+/* NumPy broadcast of a and b's shapes into out (dtype of a). */
+TG_INTERNAL tg_status tg__broadcast_spec(const tg_op *op, const tg_tensor *a, const tg_tensor *b,
+                                         tg_spec *out);
+/* Whether shape (n) broadcasts to target (m). */
+TG_INTERNAL bool tg__broadcasts_to(int n, const int64_t *shape, int m, const int64_t *target);
+/* Fills the kernel description for out = a op b (out spec from above). */
+TG_INTERNAL void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b,
+                                tg_bcast *bc);
+/* Normalises dim (negative from the end) against ndim. */
+TG_INTERNAL tg_status tg__norm_dim(const tg_op *op, int argi, int64_t dim, int ndim, int *out);
+/* (outer, n, inner) split of shape around dim. */
+TG_INTERNAL void tg__split_dim(int ndim, const int64_t *shape, int dim, int64_t *outer, int64_t *n,
+                               int64_t *inner);
+/* Shared shape rule: one floating input, output of the same spec. */
+TG_INTERNAL tg_status tg__shape_same_float(const tg_op *op, const tg_op_attrs *attrs,
+                                           tg_tensor *const *in, tg_spec *out);
+/* Shared shape rule: two inputs of one floating dtype, broadcast. */
+TG_INTERNAL tg_status tg__shape_broadcast_float(const tg_op *op, const tg_op_attrs *attrs,
+                                                tg_tensor *const *in, tg_spec *out);
+
+/* Convenience for public wrappers. */
+TG_INTERNAL tg_tensor *tg__call1(const tg_op *op, tg_tensor *x, const tg_op_attrs *attrs);
+TG_INTERNAL tg_tensor *tg__call2(const tg_op *op, tg_tensor *a, tg_tensor *b,
+                                 const tg_op_attrs *attrs);
+
+/* Contiguous copy of t (not scope-tracked, untracked), or a new reference
+ * to t itself when it is already contiguous. */
+TG_INTERNAL tg_tensor *tg__contiguous_raw(tg_tensor *t);
+
+#endif

@@ -1,0 +1,54 @@
+/* Accessors of tg_op_ctx for forward and backward functions. */
+#include "dispatch/dispatch.h"
+
+const tg_op_attrs *tg_op_ctx_attrs(const tg_op_ctx *ctx)
+{
+    return ctx->attrs;
+}
+
+tg_tensor *tg_op_ctx_input(const tg_op_ctx *ctx, int i)
+{
+    return (i >= 0 && i < ctx->nin) ? ctx->in[i] : NULL;
+}
+
+const tg_spec *tg_op_ctx_input_spec(const tg_op_ctx *ctx, int i)
+{
+    return (i >= 0 && i < ctx->nin) ? &ctx->in_spec[i] : NULL;
+}
+
+tg_tensor *tg_op_ctx_output(const tg_op_ctx *ctx)
+{
+    return ctx->out;
+}
+
+const tg_spec *tg_op_ctx_output_spec(const tg_op_ctx *ctx)
+{
+    return ctx->out_spec;
+}
+
+bool tg_op_ctx_needs_grad(const tg_op_ctx *ctx, int i)
+{
+    return i >= 0 && i < ctx->nin && (ctx->needs & (1u << i));
+}
+
+tg_backend tg_op_ctx_backend(const tg_op_ctx *ctx)
+{
+    return ctx->backend;
+}
+
+tg_tensor *tg_op_ctx_new_output(tg_op_ctx *ctx)
+{
+    return tg__tensor_empty_spec(ctx->out_spec, ctx->backend);
+}
+
+int tg_op_ctx_save(tg_op_ctx *ctx, tg_tensor *t)
+{
+    if (!ctx->forward || !t || *ctx->nextra >= TG_OP_MAX_EXTRA) return -1;
+    ctx->extra[*ctx->nextra] = tg_tensor_retain(t);
+    return (*ctx->nextra)++;
+}
+
+tg_tensor *tg_op_ctx_saved(const tg_op_ctx *ctx, int slot)
+{
+    return (slot >= 0 && slot < *ctx->nextra) ? ctx->extra[slot] : NULL;
+}

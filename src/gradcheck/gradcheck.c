@@ -1,0 +1,174 @@
+/* Numerical gradient checking by central differences in f64.
+ *
+ * The checked function is L(x) = sum(w * f(x)) with w a fixed random
+ * weight, so every output element contributes with a distinct weight.
+ * Analytic: one tg_backward_seed(f(x), w). Numeric: for each element
+ * (L(x + eps e_i) - L(x - eps e_i)) / 2eps, evaluated with grad mode off
+ * on private copies of the inputs. Fast mode replaces the per-element loop
+ * by a few random directions v: (L(x + eps v) - L(x - eps v)) / 2eps is
+ * compared with <grad, v>. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+typedef struct {
+    tg_gradcheck_fn fn;
+    void *ud;
+    int n;
+    tg_tensor **x; /* untracked private copies */
+    tg_tensor *w;
+} problem;
+
+/* L at the current values of the private copies. */
+static tg_status eval_loss(problem *p, double *out)
+{
+    tg_scope_begin();
+    tg_tensor *y = p->fn(p->ud, p->n, p->x);
+    tg_tensor *l = y ? tg_sum(tg_mul(y, p->w)) : NULL;
+    tg_status st = l ? tg_tensor_item(l, out) : tg_last_error();
+    if (!st && !l) st = TG_ERR_INTERNAL;
+    if (y && !y->scope_owned) tg_tensor_release(y);
+    tg_scope_end();
+    return st;
+}
+
+static tg_tensor *copy_of(const tg_tensor *t)
+{
+    tg_tensor *c = tg__tensor_empty(t->dtype, t->ndim, t->shape, t->backend);
+    if (c) tg_tensor_copy_out(t, tg__tensor_ptr(c), c->storage->nbytes);
+    return c;
+}
+
+static void result_update(tg_gradcheck_result *r, double a, double num, int64_t idx,
+                          const tg_gradcheck_opts *o, double *worst)
+{
+    double err = fabs(a - num);
+    double rel = err / fmax(fabs(num), 1e-12);
+    double ratio = err / (o->atol + o->rtol * fabs(num));
+    if (err > r->max_abs_err) r->max_abs_err = err;
+    if (rel > r->max_rel_err && err > 0) r->max_rel_err = rel;
+    if (ratio > *worst || isnan(ratio)) {
+        *worst = isnan(ratio) ? INFINITY : ratio;
+        r->worst_index = idx;
+    }
+    if (!(ratio <= 1.0)) r->passed = false;
+}
+
+tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *inputs,
+                       const tg_gradcheck_opts *opts, tg_gradcheck_result *results)
+{
+    tg_gradcheck_opts o = {.eps = 1e-6, .atol = 1e-7, .rtol = 1e-5, .directions = 4, .seed = 1};
+    if (opts) {
+        o = *opts;
+        if (o.eps <= 0) o.eps = 1e-6;
+        if (o.atol <= 0) o.atol = 1e-7;
+        if (o.rtol <= 0) o.rtol = 1e-5;
+        if (o.directions <= 0) o.directions = 4;
+    }
+    if (!fn) return tg__err(TG_ERR_NULL, "bad argument #1 to 'gradcheck' (NULL function)");
+    if (n < 1 || n > 16 || !inputs)
+        return tg__err(TG_ERR_INVALID, "bad argument #3 to 'gradcheck' (%d inputs; need 1..16)", n);
+    for (int i = 0; i < n; i++) {
+        if (!inputs[i]) return tg__err_null("gradcheck", 4);
+        if (inputs[i]->dtype == TG_F32)
+            return tg__err(TG_ERR_DTYPE, "bad argument #4 to 'gradcheck' (input %d is f32; "
+                                         "gradcheck needs f64 inputs)", i);
+    }
+    tg_tensor *x[16] = {0}, *leaf[16] = {0};
+    tg_gradcheck_result res[16];
+    memset(res, 0, sizeof res);
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_status st = tape ? TG_OK : TG_ERR_NOMEM;
+    bool prev_grad = tg_grad_set_enabled(true);
+    for (int i = 0; i < n && !st; i++) {
+        x[i] = copy_of(inputs[i]);
+        leaf[i] = copy_of(inputs[i]);
+        if (!x[i] || !leaf[i]) st = TG_ERR_NOMEM;
+        res[i].checked = tg__is_float(inputs[i]->dtype);
+        res[i].passed = true;
+        res[i].worst_index = -1;
+        if (!st && res[i].checked) st = tg_requires_grad(tape, leaf[i]);
+    }
+    problem p = {.fn = fn, .ud = ud, .n = n, .x = x, .w = NULL};
+    tg_tensor *y = NULL;
+    if (!st) {
+        y = fn(ud, n, leaf);
+        if (!y) st = tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
+    }
+    if (!st && !tg__is_float(y->dtype))
+        st = tg__err(TG_ERR_DTYPE, "gradcheck: function returned a %s tensor", tg_dtype_name(y->dtype));
+    tg_rng rng;
+    tg_rng_seed(&rng, o.seed);
+    if (!st) {
+        p.w = tg__tensor_empty(y->dtype, y->ndim, y->shape, y->backend);
+        if (!p.w) st = TG_ERR_NOMEM;
+        else
+            for (int64_t i = 0; i < y->numel; i++) ((double *)tg__tensor_ptr(p.w))[i] = 0.5 + tg_rng_double(&rng);
+    }
+    if (!st && !tg_tensor_requires_grad(y)) {
+        /* Output does not depend on any checked input: all gradients are 0. */
+    } else if (!st) {
+        st = tg_backward_seed(y, p.w);
+    }
+    if (y && !y->scope_owned) tg_tensor_release(y);
+    tg_grad_set_enabled(false);
+    for (int i = 0; i < n && !st; i++) {
+        if (!res[i].checked) continue;
+        tg_tensor *g = leaf[i]->grad;
+        double *xv = tg__tensor_ptr(x[i]);
+        double worst = 0.0;
+        if (!o.fast) {
+            for (int64_t j = 0; j < x[i]->numel && !st; j++) {
+                double keep = xv[j], lp, lm;
+                xv[j] = keep + o.eps;
+                st = eval_loss(&p, &lp);
+                xv[j] = keep - o.eps;
+                if (!st) st = eval_loss(&p, &lm);
+                xv[j] = keep;
+                double a = g ? ((double *)tg__tensor_ptr(g))[j] : 0.0;
+                if (!st) result_update(&res[i], a, (lp - lm) / (2 * o.eps), j, &o, &worst);
+            }
+        } else {
+            int64_t m = x[i]->numel;
+            double *v = malloc((size_t)(m ? m : 1) * sizeof *v), *keep = malloc((size_t)(m ? m : 1) * sizeof *keep);
+            if (!v || !keep) st = tg__err(TG_ERR_NOMEM, "out of memory in gradcheck");
+            for (int d = 0; d < o.directions && !st; d++) {
+                double a = 0.0, lp, lm;
+                for (int64_t j = 0; j < m; j++) {
+                    v[j] = tg_rng_gauss(&rng);
+                    keep[j] = xv[j];
+                    a += (g ? ((double *)tg__tensor_ptr(g))[j] : 0.0) * v[j];
+                }
+                for (int64_t j = 0; j < m; j++) xv[j] = keep[j] + o.eps * v[j];
+                st = eval_loss(&p, &lp);
+                for (int64_t j = 0; j < m; j++) xv[j] = keep[j] - o.eps * v[j];
+                if (!st) st = eval_loss(&p, &lm);
+                for (int64_t j = 0; j < m; j++) xv[j] = keep[j];
+                if (!st) result_update(&res[i], a, (lp - lm) / (2 * o.eps), d, &o, &worst);
+            }
+            free(v);
+            free(keep);
+        }
+    }
+    tg_grad_set_enabled(prev_grad);
+    bool all = true;
+    for (int i = 0; i < n; i++) {
+        if (res[i].checked && !res[i].passed) all = false;
+        tg_tensor_release(x[i]);
+        tg_tensor_release(leaf[i]);
+    }
+    tg_tensor_release(p.w);
+    tg_tape_free(tape);
+    if (results) memcpy(results, res, (size_t)n * sizeof *results);
+    if (st) return st;
+    if (!all) {
+        for (int i = 0; i < n; i++)
+            if (res[i].checked && !res[i].passed)
+                return tg__err(TG_ERR_GRADCHECK, "gradcheck: input %d: max abs error %.3g, max rel "
+                                                 "error %.3g at index %lld", i, res[i].max_abs_err,
+                               res[i].max_rel_err, (long long)res[i].worst_index);
+    }
+    return TG_OK;
+}

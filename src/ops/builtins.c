@@ -1,0 +1,24 @@
+/* The one list of built-in ops: adding an op means defining its entry in
+ * its family file and naming it here. Dispatch reads this list. */
+#include "dispatch/dispatch.h"
+
+#define TG_BUILTIN_OPS(X)                                                           \
+    X(add) X(sub) X(mul) X(div) X(neg) X(exp) X(log) X(sqrt) X(tanh) X(sigmoid)     \
+    X(relu) X(pow_scalar) X(add_scalar) X(mul_scalar) X(gt) X(eq)                   \
+    X(sum) X(mean) X(max_dim) X(argmax)                                             \
+    X(reshape) X(permute) X(expand) X(sum_to) X(contiguous) X(to_device) X(cast)    \
+    X(matmul) X(softmax) X(log_softmax) X(cross_entropy) X(mse_loss)                \
+    X(exp_backward) X(log_backward) X(sqrt_backward) X(tanh_backward)               \
+    X(sigmoid_backward) X(relu_backward) X(pow_backward) X(max_dim_backward)        \
+    X(softmax_backward) X(log_softmax_backward) X(cross_entropy_backward)
+
+#define TG__DECLARE(name) extern const tg_op tg__op_##name;
+TG_BUILTIN_OPS(TG__DECLARE)
+#undef TG__DECLARE
+
+const tg_op *const tg__builtin_ops[] = {
+#define TG__ENTRY(name) &tg__op_##name,
+    TG_BUILTIN_OPS(TG__ENTRY)
+#undef TG__ENTRY
+    NULL,
+};

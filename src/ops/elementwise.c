@@ -1,0 +1,329 @@
+/* Elementwise ops: broadcasting binary arithmetic, unary maps, scalar
+ * forms and comparisons, each with its backward. Unary backward runs one
+ * fused kernel per op (gx = gy * f'(s)), registered as its own op
+ * "<name>_backward" so it goes through dispatch like everything else. */
+#include "ops/sample.h"
+
+/* ---- fused unary backward ops: (s, gy) -> gx, s the saved input/output.
+ * Unmarked: differentiating them (double backward) fails loudly. */
+static tg_status grad_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
+                            tg_spec *out)
+{
+    (void)attrs;
+    if (tg__need_float(op, 1, in[0]) || tg__need_same_dtype(op, in[0], in[1])) return TG_ERR_DTYPE;
+    if (!tg__same_shape(in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape))
+        return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (gradient shape differs from the "
+                                     "saved tensor's)", op->name);
+    tg__spec_of(in[0], out);
+    return TG_OK;
+}
+
+#define GRAD_OP(lname, KID, math)                                                   \
+    static tg_tensor *lname##_backward_fwd(tg_op_ctx *ctx, tg_tensor *const *in)    \
+    {                                                                               \
+        tg_tensor *gx = tg_op_ctx_new_output(ctx);                                  \
+        if (!gx) return NULL;                                                       \
+        TG_KERNEL(tg_grad_fn, KID, in[0])(in[0]->numel, tg__tensor_ptr(in[0]),      \
+                                          tg__tensor_ptr(in[1]), tg__tensor_ptr(gx), \
+                                          ctx->attrs->scalar);                      \
+        return gx;                                                                  \
+    }                                                                               \
+    const tg_op tg__op_##lname##_backward = {                                       \
+        .name = #lname "_backward", .doc = math, .arity = 2, .shape = grad_shape,   \
+        .forward = lname##_backward_fwd, .cost = TG_COST_MEMORY_BOUND,              \
+    };
+
+GRAD_OP(exp, TG_K_EXP_GRAD, "gx = gy * y (y = e^x)")
+GRAD_OP(log, TG_K_LOG_GRAD, "gx = gy / x")
+GRAD_OP(sqrt, TG_K_SQRT_GRAD, "gx = gy / (2 y)")
+GRAD_OP(tanh, TG_K_TANH_GRAD, "gx = gy * (1 - y^2)")
+GRAD_OP(sigmoid, TG_K_SIGMOID_GRAD, "gx = gy * y * (1 - y)")
+GRAD_OP(relu, TG_K_RELU_GRAD, "gx = gy * [x > 0]")
+GRAD_OP(pow, TG_K_POW_GRAD, "gx = gy * p * x^(p-1)")
+
+/* ---- unary maps */
+static tg_tensor *unary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid)
+{
+    tg_tensor *y = tg_op_ctx_new_output(ctx);
+    if (!y) return NULL;
+    TG_KERNEL(tg_unary_fn, kid, in[0])(in[0]->numel, tg__tensor_ptr(in[0]), tg__tensor_ptr(y),
+                                       ctx->attrs->scalar);
+    return y;
+}
+
+/* Backward through the fused op: s is the saved input or output. */
+static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin, const tg_op *gop,
+                           bool from_output)
+{
+    tg_tensor *s = from_output ? tg_op_ctx_output(ctx) : tg_op_ctx_input(ctx, 0);
+    gin[0] = tg__call2(gop, s, gout, ctx->attrs);
+    return gin[0] ? TG_OK : tg_last_error();
+}
+
+static int sample_unary(int k, tg_rng *rng, tg_tensor **in, double lo, double hi, bool away)
+{
+    static const int64_t shapes[3][3] = {{7, 0, 0}, {3, 4, 0}, {2, 3, 2}};
+    if (k >= 4) return 0;
+    if (k == 3) { /* scalar */
+        in[0] = away ? tg__sample_away_from_zero(rng, 0, NULL, lo, hi)
+                     : tg__sample_uniform(rng, 0, NULL, lo, hi);
+    } else {
+        in[0] = away ? tg__sample_away_from_zero(rng, k + 1, shapes[k], lo, hi)
+                     : tg__sample_uniform(rng, k + 1, shapes[k], lo, hi);
+    }
+    return in[0] ? 1 : -1;
+}
+
+#define UNARY_OP(lname, KID, math, saves_, from_out, lo, hi, away)                 \
+    static tg_tensor *lname##_fwd(tg_op_ctx *ctx, tg_tensor *const *in)             \
+    {                                                                               \
+        return unary_fwd(ctx, in, KID);                                             \
+    }                                                                               \
+    static tg_status lname##_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)  \
+    {                                                                               \
+        return fused_bwd(ctx, gout, gin, &tg__op_##lname##_backward, from_out);     \
+    }                                                                               \
+    static int lname##_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)  \
+    {                                                                               \
+        (void)a;                                                                    \
+        return sample_unary(k, rng, in, lo, hi, away);                              \
+    }                                                                               \
+    const tg_op tg__op_##lname = {                                                  \
+        .name = #lname, .doc = math, .arity = 1, .shape = tg__shape_same_float,     \
+        .forward = lname##_fwd, .backward = lname##_bwd, .cost = TG_COST_MEMORY_BOUND, \
+        .saves = saves_, .sample = lname##_sample,                                  \
+    };
+
+UNARY_OP(exp, TG_K_EXP, "y = e^x", TG_SAVE_OUTPUT, true, -2.0, 2.0, false)
+UNARY_OP(log, TG_K_LOG, "y = ln x", TG_SAVE_INPUT(0), false, 0.2, 3.0, false)
+UNARY_OP(sqrt, TG_K_SQRT, "y = sqrt x", TG_SAVE_OUTPUT, true, 0.2, 3.0, false)
+UNARY_OP(tanh, TG_K_TANH, "y = tanh x", TG_SAVE_OUTPUT, true, -2.0, 2.0, false)
+UNARY_OP(sigmoid, TG_K_SIGMOID, "y = 1 / (1 + e^-x)", TG_SAVE_OUTPUT, true, -3.0, 3.0, false)
+UNARY_OP(relu, TG_K_RELU, "y = max(0, x)", TG_SAVE_INPUT(0), false, 0.05, 2.0, true)
+
+/* pow: attrs.scalar is the exponent; bases sampled positive so any p works. */
+static tg_tensor *pow_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return unary_fwd(ctx, in, TG_K_POW);
+}
+static tg_status pow_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
+{
+    return fused_bwd(ctx, gout, gin, &tg__op_pow_backward, false);
+}
+static int pow_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const double p[4] = {2.0, 3.0, -1.5, 0.5};
+    a->scalar = p[k % 4];
+    return sample_unary(k, rng, in, 0.3, 2.0, false);
+}
+const tg_op tg__op_pow_scalar = {
+    .name = "pow_scalar", .doc = "y = x^p", .arity = 1, .shape = tg__shape_same_float,
+    .forward = pow_fwd, .backward = pow_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .saves = TG_SAVE_INPUT(0), .sample = pow_sample,
+};
+
+/* neg, add_scalar and mul_scalar need nothing saved. */
+static tg_tensor *neg_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return unary_fwd(ctx, in, TG_K_NEG);
+}
+static tg_status neg_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
+{
+    (void)ctx;
+    gin[0] = tg_neg(gout);
+    return gin[0] ? TG_OK : tg_last_error();
+}
+static int plain_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    a->scalar = k == 1 ? -0.75 : 2.5;
+    return sample_unary(k, rng, in, -2.0, 2.0, false);
+}
+const tg_op tg__op_neg = {
+    .name = "neg", .doc = "y = -x", .arity = 1, .shape = tg__shape_same_float,
+    .forward = neg_fwd, .backward = neg_bwd, .cost = TG_COST_MEMORY_BOUND, .sample = plain_sample,
+};
+
+static tg_tensor *add_scalar_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return unary_fwd(ctx, in, TG_K_ADD_SCALAR);
+}
+static tg_status add_scalar_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
+{
+    (void)ctx;
+    gin[0] = gout;
+    return TG_OK;
+}
+const tg_op tg__op_add_scalar = {
+    .name = "add_scalar", .doc = "y = x + s", .arity = 1, .shape = tg__shape_same_float,
+    .forward = add_scalar_fwd, .backward = add_scalar_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .sample = plain_sample,
+};
+
+static tg_tensor *mul_scalar_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return unary_fwd(ctx, in, TG_K_MUL_SCALAR);
+}
+static tg_status mul_scalar_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
+{
+    gin[0] = tg_mul_scalar(gout, ctx->attrs->scalar);
+    return gin[0] ? TG_OK : tg_last_error();
+}
+const tg_op tg__op_mul_scalar = {
+    .name = "mul_scalar", .doc = "y = x * s", .arity = 1, .shape = tg__shape_same_float,
+    .forward = mul_scalar_fwd, .backward = mul_scalar_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .sample = plain_sample,
+};
+
+/* ---- binary, broadcasting */
+static tg_tensor *binary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid)
+{
+    tg_tensor *out = tg_op_ctx_new_output(ctx);
+    if (!out) return NULL;
+    tg_bcast bc;
+    tg__bcast_desc(ctx->out_spec, in[0], in[1], &bc);
+    TG_KERNEL(tg_binary_fn, kid, in[0])(&bc, tg__tensor_ptr(in[0]), tg__tensor_ptr(in[1]),
+                                        tg__tensor_ptr(out));
+    return out;
+}
+
+/* Reduces a gradient of the broadcast shape back to an input's shape. */
+static tg_tensor *unbroadcast(tg_tensor *g, const tg_spec *to)
+{
+    if (!g) return NULL;
+    if (tg__same_shape(g->ndim, g->shape, to->ndim, to->shape)) return g;
+    return tg_sum_to(g, to->ndim, to->shape);
+}
+
+static tg_status finish(tg_tensor **gin, const tg_op_ctx *ctx)
+{
+    for (int i = 0; i < 2; i++)
+        if (tg_op_ctx_needs_grad(ctx, i) && !gin[i]) return tg_last_error();
+    return TG_OK;
+}
+
+static tg_status add_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    if (tg_op_ctx_needs_grad(ctx, 0)) gin[0] = unbroadcast(g, tg_op_ctx_input_spec(ctx, 0));
+    if (tg_op_ctx_needs_grad(ctx, 1)) gin[1] = unbroadcast(g, tg_op_ctx_input_spec(ctx, 1));
+    return finish(gin, ctx);
+}
+
+static tg_status sub_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    if (tg_op_ctx_needs_grad(ctx, 0)) gin[0] = unbroadcast(g, tg_op_ctx_input_spec(ctx, 0));
+    if (tg_op_ctx_needs_grad(ctx, 1)) gin[1] = unbroadcast(tg_neg(g), tg_op_ctx_input_spec(ctx, 1));
+    return finish(gin, ctx);
+}
+
+static tg_status mul_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    tg_tensor *a = tg_op_ctx_input(ctx, 0), *b = tg_op_ctx_input(ctx, 1);
+    if (tg_op_ctx_needs_grad(ctx, 0)) gin[0] = unbroadcast(tg_mul(g, b), tg_op_ctx_input_spec(ctx, 0));
+    if (tg_op_ctx_needs_grad(ctx, 1)) gin[1] = unbroadcast(tg_mul(g, a), tg_op_ctx_input_spec(ctx, 1));
+    return finish(gin, ctx);
+}
+
+/* d(a/b)/da = 1/b; d(a/b)/db = -a/b^2. */
+static tg_status div_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    tg_tensor *a = tg_op_ctx_input(ctx, 0), *b = tg_op_ctx_input(ctx, 1);
+    if (tg_op_ctx_needs_grad(ctx, 0)) gin[0] = unbroadcast(tg_div(g, b), tg_op_ctx_input_spec(ctx, 0));
+    if (tg_op_ctx_needs_grad(ctx, 1))
+        gin[1] = unbroadcast(tg_neg(tg_div(tg_mul(g, a), tg_mul(b, b))),
+                             tg_op_ctx_input_spec(ctx, 1));
+    return finish(gin, ctx);
+}
+
+/* Cases cover equal shapes, row/column broadcasts, rank promotion and a
+ * scalar operand. b is kept away from zero for div. */
+static int binary_sample(int k, tg_rng *rng, tg_tensor **in, bool b_nonzero)
+{
+    static const struct { int na; int64_t a[3]; int nb; int64_t b[3]; } cases[] = {
+        {2, {3, 4}, 2, {3, 4}}, {2, {3, 4}, 1, {4}}, {2, {3, 1}, 2, {1, 4}},
+        {3, {2, 3, 4}, 2, {3, 1}}, {1, {5}, 0, {0}}, {0, {0}, 2, {2, 3}},
+    };
+    if (k >= (int)(sizeof cases / sizeof cases[0])) return 0;
+    in[0] = tg__sample_uniform(rng, cases[k].na, cases[k].a, -2.0, 2.0);
+    in[1] = b_nonzero ? tg__sample_away_from_zero(rng, cases[k].nb, cases[k].b, 0.5, 2.0)
+                      : tg__sample_uniform(rng, cases[k].nb, cases[k].b, -2.0, 2.0);
+    return (in[0] && in[1]) ? 2 : -1;
+}
+
+#define BINARY_OP(lname, KID, math, saves_, nonzero)                                \
+    static tg_tensor *lname##_fwd(tg_op_ctx *ctx, tg_tensor *const *in)             \
+    {                                                                               \
+        return binary_fwd(ctx, in, KID);                                            \
+    }                                                                               \
+    static int lname##_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)  \
+    {                                                                               \
+        (void)a;                                                                    \
+        return binary_sample(k, rng, in, nonzero);                                  \
+    }                                                                               \
+    const tg_op tg__op_##lname = {                                                  \
+        .name = #lname, .doc = math, .arity = 2, .shape = tg__shape_broadcast_float, \
+        .forward = lname##_fwd, .backward = lname##_bwd, .cost = TG_COST_MEMORY_BOUND, \
+        .saves = saves_, .sample = lname##_sample,                                  \
+    };
+
+BINARY_OP(add, TG_K_ADD, "y = a + b", 0, false)
+BINARY_OP(sub, TG_K_SUB, "y = a - b", 0, false)
+BINARY_OP(mul, TG_K_MUL, "y = a * b", TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), false)
+BINARY_OP(div, TG_K_DIV, "y = a / b", TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), true)
+
+/* ---- comparisons: non-differentiable, any matching dtype */
+static tg_status cmp_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
+                           tg_spec *out)
+{
+    (void)attrs;
+    if (tg__need_same_dtype(op, in[0], in[1])) return TG_ERR_DTYPE;
+    return tg__broadcast_spec(op, in[0], in[1], out);
+}
+static tg_tensor *gt_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return binary_fwd(ctx, in, TG_K_GT);
+}
+static tg_tensor *eq_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return binary_fwd(ctx, in, TG_K_EQ);
+}
+const tg_op tg__op_gt = {
+    .name = "gt", .doc = "y = [a > b]", .arity = 2, .shape = cmp_shape, .forward = gt_fwd,
+    .nondifferentiable = true, .cost = TG_COST_MEMORY_BOUND,
+};
+const tg_op tg__op_eq = {
+    .name = "eq", .doc = "y = [a == b]", .arity = 2, .shape = cmp_shape, .forward = eq_fwd,
+    .nondifferentiable = true, .cost = TG_COST_MEMORY_BOUND,
+};
+
+/* ---- public wrappers */
+tg_tensor *tg_add(tg_tensor *a, tg_tensor *b) { return tg__call2(&tg__op_add, a, b, NULL); }
+tg_tensor *tg_sub(tg_tensor *a, tg_tensor *b) { return tg__call2(&tg__op_sub, a, b, NULL); }
+tg_tensor *tg_mul(tg_tensor *a, tg_tensor *b) { return tg__call2(&tg__op_mul, a, b, NULL); }
+tg_tensor *tg_div(tg_tensor *a, tg_tensor *b) { return tg__call2(&tg__op_div, a, b, NULL); }
+tg_tensor *tg_gt(tg_tensor *a, tg_tensor *b) { return tg__call2(&tg__op_gt, a, b, NULL); }
+tg_tensor *tg_eq(tg_tensor *a, tg_tensor *b) { return tg__call2(&tg__op_eq, a, b, NULL); }
+tg_tensor *tg_neg(tg_tensor *x) { return tg__call1(&tg__op_neg, x, NULL); }
+tg_tensor *tg_exp(tg_tensor *x) { return tg__call1(&tg__op_exp, x, NULL); }
+tg_tensor *tg_log(tg_tensor *x) { return tg__call1(&tg__op_log, x, NULL); }
+tg_tensor *tg_sqrt(tg_tensor *x) { return tg__call1(&tg__op_sqrt, x, NULL); }
+tg_tensor *tg_tanh(tg_tensor *x) { return tg__call1(&tg__op_tanh, x, NULL); }
+tg_tensor *tg_sigmoid(tg_tensor *x) { return tg__call1(&tg__op_sigmoid, x, NULL); }
+tg_tensor *tg_relu(tg_tensor *x) { return tg__call1(&tg__op_relu, x, NULL); }
+
+tg_tensor *tg_pow_scalar(tg_tensor *x, double p)
+{
+    tg_op_attrs a = {.scalar = p};
+    return tg__call1(&tg__op_pow_scalar, x, &a);
+}
+
+tg_tensor *tg_add_scalar(tg_tensor *x, double s)
+{
+    tg_op_attrs a = {.scalar = s};
+    return tg__call1(&tg__op_add_scalar, x, &a);
+}
+
+tg_tensor *tg_mul_scalar(tg_tensor *x, double s)
+{
+    tg_op_attrs a = {.scalar = s};
+    return tg__call1(&tg__op_mul_scalar, x, &a);
+}

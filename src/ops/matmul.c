@@ -1,0 +1,161 @@
+/* Matrix product, 2-d and batched with broadcasting over leading dims.
+ * A transposed view (strides swapped on the last two dims) is handed to the
+ * GEMM kernel as a transpose flag; only other layouts are copied. */
+#include <string.h>
+
+#include "ops/sample.h"
+
+static tg_status matmul_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
+                              tg_spec *out)
+{
+    (void)attrs;
+    const tg_tensor *a = in[0], *b = in[1];
+    char s1[96], s2[96];
+    if (tg__need_float(op, 1, a) || tg__need_float(op, 2, b) || tg__need_same_dtype(op, a, b))
+        return TG_ERR_DTYPE;
+    if (a->ndim < 2 || b->ndim < 2)
+        return tg__err(TG_ERR_SHAPE, "bad argument #%d to '%s' (needs at least 2 dims, got %s)",
+                       a->ndim < 2 ? 1 : 2, op->name,
+                       a->ndim < 2 ? tg_shape_str(a->ndim, a->shape, s1, sizeof s1)
+                                   : tg_shape_str(b->ndim, b->shape, s1, sizeof s1));
+    if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2])
+        return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (shapes %s and %s: inner dims %lld "
+                                     "and %lld differ)", op->name,
+                       tg_shape_str(a->ndim, a->shape, s1, sizeof s1),
+                       tg_shape_str(b->ndim, b->shape, s2, sizeof s2),
+                       (long long)a->shape[a->ndim - 1], (long long)b->shape[b->ndim - 2]);
+    int nb = (a->ndim > b->ndim ? a->ndim : b->ndim) - 2;
+    out->dtype = a->dtype;
+    out->ndim = nb + 2;
+    for (int i = 0; i < nb; i++) {
+        int ia = a->ndim - 2 - nb + i, ib = b->ndim - 2 - nb + i;
+        int64_t sa = ia >= 0 ? a->shape[ia] : 1, sb = ib >= 0 ? b->shape[ib] : 1;
+        if (sa != sb && sa != 1 && sb != 1)
+            return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (batch dims of %s and %s do not "
+                                         "broadcast)", op->name,
+                           tg_shape_str(a->ndim, a->shape, s1, sizeof s1),
+                           tg_shape_str(b->ndim, b->shape, s2, sizeof s2));
+        out->shape[i] = sa == 1 ? sb : sa;
+    }
+    out->shape[nb] = a->shape[a->ndim - 2];
+    out->shape[nb + 1] = b->shape[b->ndim - 1];
+    return TG_OK;
+}
+
+/* Layout of the last two dims as a GEMM operand: row-major with leading
+ * dim ld, or its transpose. False when neither fits (then copy). */
+static bool gemm_layout(const tg_tensor *t, bool *trans, int64_t *ld)
+{
+    int nd = t->ndim;
+    int64_t rows = t->shape[nd - 2], cols = t->shape[nd - 1];
+    int64_t sr = t->strides[nd - 2], sc = t->strides[nd - 1];
+    if (sc == 1 || cols == 1) {
+        *trans = false;
+        *ld = rows == 1 ? (cols > 0 ? cols : 1) : sr;
+        if (*ld >= cols && *ld >= 1) return true;
+    }
+    if (sr == 1 || rows == 1) {
+        *trans = true;
+        *ld = cols == 1 ? (rows > 0 ? rows : 1) : sc;
+        if (*ld >= rows && *ld >= 1) return true;
+    }
+    return false;
+}
+
+static tg_tensor *matmul_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    tg_tensor *a = tg_tensor_retain(in[0]), *b = tg_tensor_retain(in[1]);
+    bool ta, tb;
+    int64_t lda, ldb;
+    tg_tensor *out = NULL;
+    if (!gemm_layout(a, &ta, &lda)) {
+        tg_tensor *c = tg__contiguous_raw(a);
+        tg_tensor_release(a);
+        a = c;
+        if (!a || !gemm_layout(a, &ta, &lda)) goto done;
+    }
+    if (!gemm_layout(b, &tb, &ldb)) {
+        tg_tensor *c = tg__contiguous_raw(b);
+        tg_tensor_release(b);
+        b = c;
+        if (!b || !gemm_layout(b, &tb, &ldb)) goto done;
+    }
+    out = tg_op_ctx_new_output(ctx);
+    if (!out) goto done;
+    const tg_spec *os = ctx->out_spec;
+    int nb = os->ndim - 2;
+    int64_t m = os->shape[nb], n = os->shape[nb + 1], k = a->shape[a->ndim - 1];
+    int64_t batch = tg__numel(nb, os->shape);
+    size_t es = tg_dtype_size(a->dtype);
+    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, a);
+    if (k == 0) {
+        memset(tg__tensor_ptr(out), 0, (size_t)out->numel * es);
+        goto done;
+    }
+    int64_t idx[TG_MAX_DIMS] = {0};
+    for (int64_t bi = 0; bi < batch; bi++) {
+        int64_t oa = a->offset, ob = b->offset;
+        for (int i = 0; i < nb; i++) {
+            int ia = a->ndim - 2 - nb + i, ib = b->ndim - 2 - nb + i;
+            if (ia >= 0 && a->shape[ia] != 1) oa += idx[i] * a->strides[ia];
+            if (ib >= 0 && b->shape[ib] != 1) ob += idx[i] * b->strides[ib];
+        }
+        gemm(ta, tb, m, n, k, (char *)a->storage->data + (size_t)oa * es, lda,
+             (char *)b->storage->data + (size_t)ob * es, ldb, 0.0,
+             (char *)tg__tensor_ptr(out) + (size_t)(bi * m * n) * es, n);
+        for (int i = nb - 1; i >= 0; i--) {
+            if (++idx[i] < os->shape[i]) break;
+            idx[i] = 0;
+        }
+    }
+done:
+    tg_tensor_release(a);
+    tg_tensor_release(b);
+    return out;
+}
+
+/* dA = dC B^T, dB = A^T dC, each summed over broadcast batch dims. The
+ * transposes are views, so the GEMM gets transpose flags. */
+static tg_status matmul_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    tg_tensor *a = tg_op_ctx_input(ctx, 0), *b = tg_op_ctx_input(ctx, 1);
+    const tg_spec *sa = tg_op_ctx_input_spec(ctx, 0), *sb = tg_op_ctx_input_spec(ctx, 1);
+    if (tg_op_ctx_needs_grad(ctx, 0)) {
+        tg_tensor *ga = tg_matmul(g, tg_transpose(b, -1, -2));
+        gin[0] = (ga && !tg__same_shape(ga->ndim, ga->shape, sa->ndim, sa->shape))
+                     ? tg_sum_to(ga, sa->ndim, sa->shape) : ga;
+        if (!gin[0]) return tg_last_error();
+    }
+    if (tg_op_ctx_needs_grad(ctx, 1)) {
+        tg_tensor *gb = tg_matmul(tg_transpose(a, -1, -2), g);
+        gin[1] = (gb && !tg__same_shape(gb->ndim, gb->shape, sb->ndim, sb->shape))
+                     ? tg_sum_to(gb, sb->ndim, sb->shape) : gb;
+        if (!gin[1]) return tg_last_error();
+    }
+    return TG_OK;
+}
+
+static int matmul_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *attrs)
+{
+    static const struct { int na; int64_t a[4]; int nb; int64_t b[4]; } c[] = {
+        {2, {3, 4}, 2, {4, 5}}, {2, {1, 3}, 2, {3, 1}}, {3, {2, 3, 4}, 2, {4, 2}},
+        {4, {2, 1, 3, 4}, 3, {3, 4, 2}},
+    };
+    (void)attrs;
+    if (k >= 4) return 0;
+    in[0] = tg__sample_uniform(rng, c[k].na, c[k].a, -1.0, 1.0);
+    in[1] = tg__sample_uniform(rng, c[k].nb, c[k].b, -1.0, 1.0);
+    return (in[0] && in[1]) ? 2 : -1;
+}
+
+const tg_op tg__op_matmul = {
+    .name = "matmul", .doc = "C = A B (batched, broadcast over leading dims)", .arity = 2,
+    .shape = matmul_shape, .forward = matmul_fwd, .backward = matmul_bwd,
+    .cost = TG_COST_COMPUTE_BOUND, .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1),
+    .flags = TG_OP_STRIDED_INPUTS, .sample = matmul_sample,
+};
+
+tg_tensor *tg_matmul(tg_tensor *a, tg_tensor *b)
+{
+    return tg__call2(&tg__op_matmul, a, b, NULL);
+}

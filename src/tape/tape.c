@@ -1,0 +1,247 @@
+/* The tape: an append-only array of nodes for one forward pass, leaves and
+ * gradient slots. Reverse recording order is a topological order, so the
+ * backward sweep (backward.c) needs no sort. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tape/tape_internal.h"
+
+static TG_THREAD_LOCAL bool grad_disabled;
+
+bool tg_grad_set_enabled(bool enabled)
+{
+    bool prev = !grad_disabled;
+    grad_disabled = !enabled;
+    return prev;
+}
+
+bool tg_grad_enabled(void)
+{
+    return !grad_disabled;
+}
+
+tg_tape *tg_tape_new(const tg_tape_opts *opts)
+{
+    tg_tape_opts o = {0};
+    if (opts) o = *opts;
+    if (o.policy != TG_CHECKPOINT_NONE) {
+        tg__err(TG_ERR_UNSUPPORTED, "bad argument #1 to 'tape_new' (checkpoint policy %d not "
+                                    "implemented)", (int)o.policy);
+        return NULL;
+    }
+    tg_tape *tape = calloc(1, sizeof *tape);
+    if (!tape) {
+        tg__err(TG_ERR_NOMEM, "out of memory allocating a tape");
+        return NULL;
+    }
+    tape->refcount = 1;
+    tape->gen = 1;
+    tape->opts = o;
+    return tape;
+}
+
+void tg__tape_ref(tg_tape *tape)
+{
+    tape->refcount++;
+}
+
+void tg__tape_unref(tg_tape *tape)
+{
+    if (--tape->refcount > 0) return;
+    free(tape->nodes);
+    free(tape->leaves);
+    free(tape);
+}
+
+void tg__node_release_saved(tg_tape *tape, tg_node *n)
+{
+    for (int i = 0; i < n->nin; i++) {
+        tg_tensor_release(n->in_saved[i]);
+        n->in_saved[i] = NULL;
+    }
+    tg_tensor_release(n->out_saved);
+    n->out_saved = NULL;
+    for (int i = 0; i < n->nextra; i++) {
+        tg_tensor_release(n->extra[i]);
+        n->extra[i] = NULL;
+    }
+    n->nextra = 0;
+    tape->saved_bytes -= n->saved_bytes;
+    n->saved_bytes = 0;
+    n->consumed = true;
+}
+
+void tg_tape_reset(tg_tape *tape)
+{
+    if (!tape) return;
+    /* Saved tensors may hold the last references to the tape itself. */
+    tg__tape_ref(tape);
+    for (int64_t i = 0; i < tape->nnodes; i++) tg__node_release_saved(tape, &tape->nodes[i]);
+    tape->nnodes = 0;
+    for (int32_t i = 0; i < tape->nleaves; i++) tg_tensor_release(tape->leaves[i]);
+    tape->nleaves = 0;
+    tape->nslots = 0;
+    tape->gen++;
+    tape->saved_bytes = 0;
+    tape->saved_peak = 0;
+    tg__tape_unref(tape);
+}
+
+void tg_tape_free(tg_tape *tape)
+{
+    if (!tape) return;
+    tg_tape_reset(tape);
+    tape->dead = true;
+    tg__tape_unref(tape);
+}
+
+int64_t tg_tape_node_count(const tg_tape *tape)
+{
+    return tape ? tape->nnodes : 0;
+}
+
+size_t tg_tape_saved_bytes(const tg_tape *tape)
+{
+    return tape ? tape->saved_bytes : 0;
+}
+
+size_t tg_tape_saved_peak_bytes(const tg_tape *tape)
+{
+    return tape ? tape->saved_peak : 0;
+}
+
+bool tg__tensor_live(const tg_tensor *t)
+{
+    if (!t->tape || t->tape->dead) return false;
+    return t->is_leaf || t->gen == t->tape->gen;
+}
+
+tg_status tg__err_stale(const char *op, int argi, const tg_tensor *t)
+{
+    if (t->tape->dead)
+        return tg__err(TG_ERR_STALE, "bad argument #%d to '%s' (its tape was freed; use tg_detach "
+                                     "to keep the value)", argi, op);
+    return tg__err(TG_ERR_STALE, "bad argument #%d to '%s' (recorded before tg_tape_reset; use "
+                                 "tg_detach to keep the value)", argi, op);
+}
+
+bool tg_tensor_requires_grad(const tg_tensor *t)
+{
+    return t && t->tape && tg__tensor_live(t);
+}
+
+bool tg_tensor_is_leaf(const tg_tensor *t)
+{
+    return t && t->is_leaf;
+}
+
+tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t)
+{
+    if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'requires_grad' (NULL tape)");
+    if (!t) return tg__err_null("requires_grad", 2);
+    if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to 'requires_grad' (tape was freed)");
+    if (!tg__is_float(t->dtype))
+        return tg__err(TG_ERR_DTYPE, "bad argument #2 to 'requires_grad' (%s tensor cannot require "
+                                     "grad; only f32/f64)", tg_dtype_name(t->dtype));
+    if (t->tape && !t->is_leaf && tg__tensor_live(t))
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'requires_grad' (tensor is the result "
+                                       "of a recorded op; tg_detach it first)");
+    if (t->is_leaf) {
+        if (t->tape == tape) return TG_OK;
+        if (!t->tape->dead)
+            return tg__err(TG_ERR_TAPE, "bad argument #2 to 'requires_grad' (already a leaf of "
+                                        "another tape)");
+    }
+    if (t->tape) tg__tape_unref(t->tape);
+    tg__tape_ref(tape);
+    t->tape = tape;
+    t->is_leaf = true;
+    t->node = -1;
+    t->gen = 0; /* no slot yet */
+    t->slot = -1;
+    return TG_OK;
+}
+
+int32_t tg__tape_slot(tg_tensor *t)
+{
+    tg_tape *tape = t->tape;
+    if (!t->is_leaf || t->gen == tape->gen) return t->slot;
+    if (tape->nleaves == tape->capleaves) {
+        int32_t cap = tape->capleaves ? tape->capleaves * 2 : 16;
+        tg_tensor **p = realloc(tape->leaves, (size_t)cap * sizeof *p);
+        if (!p) {
+            tg__err(TG_ERR_NOMEM, "out of memory growing the tape's leaf list");
+            return -1;
+        }
+        tape->leaves = p;
+        tape->capleaves = cap;
+    }
+    tape->leaves[tape->nleaves++] = tg_tensor_retain(t);
+    t->gen = tape->gen;
+    t->slot = tape->nslots++;
+    return t->slot;
+}
+
+static size_t tensor_bytes(const tg_tensor *t)
+{
+    return t ? (size_t)t->numel * tg_dtype_size(t->dtype) : 0;
+}
+
+tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *attrs, int nin,
+                          tg_tensor *const *in, const bool *tracked, tg_tensor *out,
+                          tg_tensor **extra, int nextra)
+{
+    int32_t slots[TG_OP_MAX_INPUTS];
+    for (int i = 0; i < nin; i++) {
+        slots[i] = tracked[i] ? tg__tape_slot(in[i]) : -1;
+        if (tracked[i] && slots[i] < 0) return TG_ERR_NOMEM;
+    }
+    tg_tensor *alias = NULL;
+    if (op->saves & TG_SAVE_OUTPUT) {
+        alias = tg__tensor_view(out, out->ndim, out->shape, out->strides, out->offset);
+        if (!alias) return TG_ERR_NOMEM;
+    }
+    if (tape->nnodes == tape->capnodes) {
+        int64_t cap = tape->capnodes ? tape->capnodes * 2 : 64;
+        tg_node *p = realloc(tape->nodes, (size_t)cap * sizeof *p);
+        if (!p) {
+            tg_tensor_release(alias);
+            return tg__err(TG_ERR_NOMEM, "out of memory growing the tape");
+        }
+        tape->nodes = p;
+        tape->capnodes = cap;
+    }
+    tg_node *n = &tape->nodes[tape->nnodes];
+    n->op = op;
+    n->attrs = *attrs;
+    n->nin = nin;
+    n->consumed = false;
+    n->backend = out->backend;
+    n->saved_bytes = 0;
+    for (int i = 0; i < nin; i++) {
+        n->in_slot[i] = slots[i];
+        tg__spec_of(in[i], &n->in_spec[i]);
+        n->in_saved[i] = (op->saves & TG_SAVE_INPUT(i)) ? tg_tensor_retain(in[i]) : NULL;
+        n->saved_bytes += tensor_bytes(n->in_saved[i]);
+    }
+    n->out_saved = alias;
+    n->saved_bytes += tensor_bytes(alias);
+    for (int i = 0; i < nextra; i++) {
+        n->extra[i] = extra[i];
+        n->saved_bytes += tensor_bytes(extra[i]);
+    }
+    n->nextra = nextra;
+    tg__spec_of(out, &n->out_spec);
+    tape->saved_bytes += n->saved_bytes;
+    if (tape->saved_bytes > tape->saved_peak) tape->saved_peak = tape->saved_bytes;
+
+    tg__tape_ref(tape);
+    out->tape = tape;
+    out->gen = tape->gen;
+    out->slot = tape->nslots++;
+    out->node = tape->nnodes;
+    out->is_leaf = false;
+    n->out_slot = out->slot;
+    tape->nnodes++;
+    return TG_OK;
+}

@@ -1,0 +1,57 @@
+/* Tape internals: nodes and the record. The tape reaches ops only through
+ * the function pointers of the tg_op stored in each node. */
+#ifndef TG_TAPE_INTERNAL_H
+#define TG_TAPE_INTERNAL_H
+
+#include "core/opctx.h"
+
+typedef struct tg_node {
+    const tg_op *op;
+    tg_op_attrs attrs;
+    int nin;
+    bool consumed;                       /* saved state released by backward */
+    int32_t out_slot;
+    int32_t in_slot[TG_OP_MAX_INPUTS];   /* -1: input needs no gradient */
+    tg_spec in_spec[TG_OP_MAX_INPUTS];
+    tg_spec out_spec;
+    tg_backend backend;
+    tg_tensor *in_saved[TG_OP_MAX_INPUTS];
+    tg_tensor *out_saved;                /* untracked alias of the output */
+    tg_tensor *extra[TG_OP_MAX_EXTRA];
+    int nextra;
+    size_t saved_bytes;
+} tg_node;
+
+struct tg_tape {
+    int32_t refcount;   /* the user's handle + every tensor pointing here */
+    bool dead;          /* tg_tape_free was called */
+    uint32_t gen;
+    tg_tape_opts opts;
+    tg_node *nodes;
+    int64_t nnodes, capnodes;
+    int32_t nslots;
+    tg_tensor **leaves; /* leaves with a slot in this generation (retained) */
+    int32_t nleaves, capleaves;
+    size_t saved_bytes, saved_peak;
+};
+
+/* A tensor's tape record is live: leaf of a live tape, or recorded in the
+ * tape's current generation. */
+TG_INTERNAL bool tg__tensor_live(const tg_tensor *t);
+/* Explains why t is not live, as a TG_ERR_STALE for op's argument argi. */
+TG_INTERNAL tg_status tg__err_stale(const char *op, int argi, const tg_tensor *t);
+/* Gradient slot of a live tracked tensor in its tape's generation (assigns
+ * one to a leaf on first use). -1 on allocation failure. */
+TG_INTERNAL int32_t tg__tape_slot(tg_tensor *t);
+/* Appends a node for out = op(in). Saves per op->saves and takes the
+ * extra tensors (already retained). Marks out as recorded. */
+TG_INTERNAL tg_status tg__tape_record(struct tg_tape *tape, const tg_op *op,
+                                      const tg_op_attrs *attrs, int nin, tg_tensor *const *in,
+                                      const bool *tracked, tg_tensor *out, tg_tensor **extra,
+                                      int nextra);
+/* Releases a node's saved tensors and marks it consumed. */
+TG_INTERNAL void tg__node_release_saved(struct tg_tape *tape, tg_node *n);
+TG_INTERNAL void tg__tape_unref(struct tg_tape *tape);
+TG_INTERNAL void tg__tape_ref(struct tg_tape *tape);
+
+#endif
