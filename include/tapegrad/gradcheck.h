@@ -36,4 +36,22 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *userdata, int n,
                        tg_tensor *const *inputs, const tg_gradcheck_opts *opts,
                        tg_gradcheck_result *results);
 
+/* Summary of tg_gradcheck_op over every case of one registered op. */
+typedef struct tg_op_check {
+    int cases;           /* cases run (0: the op has no .sample) */
+    int failed;          /* cases with an input failing the check */
+    double max_abs_err;  /* worst over all cases and inputs */
+    double max_rel_err;
+    int worst_case;      /* case index of max_abs_err, -1 if none */
+    int worst_input;
+} tg_op_check;
+
+/* Gradchecks a registered differentiable op on every case its .sample
+ * function makes, with inputs created on backend. TG_ERR_INVALID if the op
+ * has no backward, TG_ERR_NOT_FOUND if it has no sample (no cases),
+ * TG_ERR_GRADCHECK if a case fails (report says which). */
+struct tg_op;
+tg_status tg_gradcheck_op(const struct tg_op *op, tg_backend backend,
+                          const tg_gradcheck_opts *opts, tg_op_check *report);
+
 #endif

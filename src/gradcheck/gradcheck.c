@@ -8,6 +8,7 @@
  * by a few random directions v: (L(x + eps v) - L(x - eps v)) / 2eps is
  * compared with <grad, v>. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,5 +171,78 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
                                                  "error %.3g at index %lld", i, res[i].max_abs_err,
                                res[i].max_rel_err, (long long)res[i].worst_index);
     }
+    return TG_OK;
+}
+
+/* ---- one registered op over all its sample cases */
+typedef struct {
+    const tg_op *op;
+    tg_op_attrs attrs;
+} op_case;
+
+static tg_tensor *call_op(void *ud, int n, tg_tensor *const *in)
+{
+    op_case *c = ud;
+    return tg_op_call(c->op, n, in, &c->attrs);
+}
+
+tg_status tg_gradcheck_op(const tg_op *op, tg_backend backend, const tg_gradcheck_opts *opts,
+                          tg_op_check *report)
+{
+    tg_op_check rep = {.worst_case = -1, .worst_input = -1};
+    if (report) *report = rep;
+    if (!op) return tg__err(TG_ERR_NULL, "bad argument #1 to 'gradcheck_op' (NULL op)");
+    if (!op->backward)
+        return tg__err(TG_ERR_INVALID, "bad argument #1 to 'gradcheck_op' (op '%s' is not "
+                                       "differentiable)", op->name);
+    if (!op->sample)
+        return tg__err(TG_ERR_NOT_FOUND, "op '%s' has no gradcheck cases (.sample is NULL)",
+                       op->name);
+    tg_rng rng;
+    tg_rng_seed(&rng, opts ? opts->seed + 12345 : 12345);
+    tg_backend prev = tg_set_default_backend(backend);
+    tg_status st = TG_OK, first_fail = TG_OK;
+    char fail_msg[512] = "";
+    for (int k = 0; k < 64 && st == TG_OK; k++) {
+        tg_tensor *in[TG_OP_MAX_INPUTS] = {0};
+        op_case c = {.op = op};
+        int n = op->sample(k, &rng, in, &c.attrs);
+        if (n == 0) break;
+        if (n < 0 || n > TG_OP_MAX_INPUTS) {
+            st = tg__err(TG_ERR_INTERNAL, "sample of op '%s' failed for case %d", op->name, k);
+        } else {
+            tg_gradcheck_result res[TG_OP_MAX_INPUTS];
+            tg_status cst = tg_gradcheck(call_op, &c, n, in, opts, res);
+            rep.cases++;
+            if (cst == TG_ERR_GRADCHECK) {
+                rep.failed++;
+                if (!first_fail) {
+                    first_fail = cst;
+                    snprintf(fail_msg, sizeof fail_msg, "op '%s' case %d on %s: %s", op->name, k,
+                             tg_backend_name(backend), tg_last_error_message());
+                }
+            } else if (cst != TG_OK) {
+                st = cst;
+            }
+            /* res is filled only when the check itself ran. */
+            for (int i = 0; i < n && (cst == TG_OK || cst == TG_ERR_GRADCHECK); i++) {
+                if (!res[i].checked) continue;
+                if (res[i].max_abs_err >= rep.max_abs_err) {
+                    rep.max_abs_err = res[i].max_abs_err;
+                    rep.worst_case = k;
+                    rep.worst_input = i;
+                }
+                if (res[i].max_rel_err > rep.max_rel_err) rep.max_rel_err = res[i].max_rel_err;
+            }
+        }
+        for (int i = 0; i < TG_OP_MAX_INPUTS; i++) tg_tensor_release(in[i]);
+    }
+    tg_set_default_backend(prev);
+    if (report) *report = rep;
+    if (st) return st;
+    if (rep.cases == 0)
+        return tg__err(TG_ERR_NOT_FOUND, "op '%s' has no gradcheck cases (sample returned none)",
+                       op->name);
+    if (first_fail) return tg__err(TG_ERR_GRADCHECK, "%s", fail_msg);
     return TG_OK;
 }

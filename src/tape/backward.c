@@ -112,8 +112,10 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             tg_tensor *g = grads[leaf->slot];
             if (!g) continue;
             grads[leaf->slot] = NULL;
-            if (!leaf->grad && (g->scope_owned || g->refcount > 1 || g->storage->refcount > 1)) {
-                /* Never alias a tensor someone else holds (the seed, a view). */
+            if (!leaf->grad && (!g->contiguous || g->scope_owned || g->refcount > 1 ||
+                                g->storage->refcount > 1)) {
+                /* A leaf's gradient is contiguous and its own: never a view
+                 * or a tensor someone else holds (the seed). */
                 tg_tensor *copy = tg__tensor_empty(g->dtype, g->ndim, g->shape, g->backend);
                 if (!copy) {
                     tg_tensor_release(g);
