@@ -19,10 +19,10 @@ typedef struct tg_tape_opts {
 
 /* New empty tape (NULL opts: defaults). Free with tg_tape_free. */
 tg_tape *tg_tape_new(const tg_tape_opts *opts);
-/* Releases every node and saved tensor and invalidates the tensors recorded
- * on it; leaves stay leaves (their gradients are kept) and may be used on the
- * tape again. Tensors the user still holds stay valid as data.
- * No-op if tape is NULL. */
+/* Releases every node and saved tensor, then the tape. Tensors recorded on
+ * it stay readable as data. Its leaves keep their gradients but are no
+ * longer tracked: using one in an op fails with TG_ERR_STALE until it is
+ * marked on another tape with tg_requires_grad. No-op if tape is NULL. */
 void tg_tape_free(tg_tape *tape);
 /* Drops the whole record at once (nodes, saved tensors, pending state) and
  * starts a new generation. Interior tensors recorded before it stay readable

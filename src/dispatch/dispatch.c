@@ -96,8 +96,6 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
         .out_spec = &out_spec, .backend = n ? in[0]->backend : tg_default_backend(),
         .needs = 0, .extra = extra, .nextra = &nextra, .forward = true,
     };
-    if (op->flags & TG_OP_MIXED_BACKENDS && attrs->target >= 0 && attrs->target < TG_BACKEND_COUNT)
-        ctx.backend = n ? in[0]->backend : ctx.backend;
     for (int i = 0; i < n; i++)
         if (tracked[i]) ctx.needs |= 1u << i;
 
@@ -105,7 +103,7 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     if (out && tape) {
         /* Save what forward saw (contiguous copies included), so backward
          * reads the same values. */
-        if (tg__tape_record(tape, op, attrs, n, args, tracked, out, extra, nextra) != TG_OK) {
+        if (tg__tape_record(tape, op, attrs, n, in, args, tracked, out, extra, nextra) != TG_OK) {
             tg_tensor_release(out);
             out = NULL;
         } else {

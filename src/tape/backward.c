@@ -16,7 +16,10 @@ static tg_status accumulate(tg_tensor **dst, tg_tensor *src)
         *dst = src;
         return TG_OK;
     }
-    tg_tensor *sum = tg_add(*dst, src);
+    /* A private scope: the sum must not land in the caller's open scope. */
+    tg_scope_begin();
+    tg_tensor *sum = tg_tensor_retain(tg_add(*dst, src));
+    tg_scope_end();
     tg_tensor_release(src);
     if (!sum) return tg_last_error();
     tg_tensor_release(*dst);

@@ -188,8 +188,8 @@ static size_t tensor_bytes(const tg_tensor *t)
 }
 
 tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *attrs, int nin,
-                          tg_tensor *const *in, const bool *tracked, tg_tensor *out,
-                          tg_tensor **extra, int nextra)
+                          tg_tensor *const *in, tg_tensor *const *seen, const bool *tracked,
+                          tg_tensor *out, tg_tensor **extra, int nextra)
 {
     int32_t slots[TG_OP_MAX_INPUTS];
     for (int i = 0; i < nin; i++) {
@@ -221,7 +221,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
         tg__spec_of(in[i], &n->in_spec[i]);
-        n->in_saved[i] = (op->saves & TG_SAVE_INPUT(i)) ? tg_tensor_retain(in[i]) : NULL;
+        n->in_saved[i] = (op->saves & TG_SAVE_INPUT(i)) ? tg_tensor_retain(seen[i]) : NULL;
         n->saved_bytes += tensor_bytes(n->in_saved[i]);
     }
     n->out_saved = alias;

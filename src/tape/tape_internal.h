@@ -43,12 +43,14 @@ TG_INTERNAL tg_status tg__err_stale(const char *op, int argi, const tg_tensor *t
 /* Gradient slot of a live tracked tensor in its tape's generation (assigns
  * one to a leaf on first use). -1 on allocation failure. */
 TG_INTERNAL int32_t tg__tape_slot(tg_tensor *t);
-/* Appends a node for out = op(in). Saves per op->saves and takes the
- * extra tensors (already retained). Marks out as recorded. */
+/* Appends a node for out = op(in). in are the caller's tensors (their
+ * gradient slots); seen are what forward read (contiguous copies where
+ * dispatch made them), saved per op->saves. Takes the extra tensors
+ * (already retained). Marks out as recorded. */
 TG_INTERNAL tg_status tg__tape_record(struct tg_tape *tape, const tg_op *op,
                                       const tg_op_attrs *attrs, int nin, tg_tensor *const *in,
-                                      const bool *tracked, tg_tensor *out, tg_tensor **extra,
-                                      int nextra);
+                                      tg_tensor *const *seen, const bool *tracked, tg_tensor *out,
+                                      tg_tensor **extra, int nextra);
 /* Releases a node's saved tensors and marks it consumed. */
 TG_INTERNAL void tg__node_release_saved(struct tg_tape *tape, tg_node *n);
 TG_INTERNAL void tg__tape_unref(struct tg_tape *tape);
