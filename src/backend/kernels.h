@@ -53,6 +53,9 @@ typedef struct tg_bcast {
     int64_t sa[TG_MAX_DIMS], sb[TG_MAX_DIMS];
     bool same;      /* a, b and out all contiguous with the same shape */
     bool b_scalar;  /* b is one element, a contiguous like out */
+    /* Row broadcasts: out is (n / inner, inner); a_row: a is the inner
+     * row repeated, b full; b_row: the reverse (a bias add). 0 if not. */
+    int64_t a_row, b_row;
 } tg_bcast;
 typedef void (*tg_binary_fn)(const tg_bcast *bc, const void *a, const void *b, void *out);
 

@@ -175,6 +175,18 @@ tg_status tg__broadcast_spec(const tg_op *op, const tg_tensor *a, const tg_tenso
     return TG_OK;
 }
 
+/* True when r, left-padded with 1s, is 1 on a prefix of out's dims and
+ * equal to out on the rest: r is one row repeated over the leading dims. */
+static bool row_of(const tg_spec *out, const tg_tensor *r)
+{
+    int lead = out->ndim - r->ndim;
+    int d = 0;
+    while (d < r->ndim && r->shape[d] == 1 && out->shape[lead + d] != 1) d++;
+    for (; d < r->ndim; d++)
+        if (r->shape[d] != out->shape[lead + d]) return false;
+    return r->numel > 0;
+}
+
 void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b, tg_bcast *bc)
 {
     int nd = out->ndim;
@@ -191,6 +203,9 @@ void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b, 
     }
     bc->same = a->numel == bc->n && b->numel == bc->n;
     bc->b_scalar = a->numel == bc->n && b->numel == 1;
+    bc->a_row = bc->b_row = 0;
+    if (!bc->same && a->numel == bc->n && row_of(out, b)) bc->b_row = b->numel;
+    if (!bc->same && b->numel == bc->n && row_of(out, a)) bc->a_row = a->numel;
 }
 
 tg_status tg__norm_dim(const tg_op *op, int argi, int64_t dim, int ndim, int *out)

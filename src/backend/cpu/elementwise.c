@@ -22,6 +22,26 @@ static tg_binary_fn ref_binary[TG_DTYPE_COUNT][6];
                 T x = a[i];                                                         \
                 o[i] = (T)(expr);                                                   \
             }                                                                       \
+        } else if (bc->b_row) {                                                     \
+            const int64_t m = bc->b_row;                                            \
+            for (int64_t r = 0; r < n; r += m) {                                    \
+                const T *ar = a + r;                                                \
+                T *orow = o + r;                                                    \
+                for (int64_t j = 0; j < m; j++) {                                   \
+                    T x = ar[j], y = b[j];                                          \
+                    orow[j] = (T)(expr);                                            \
+                }                                                                   \
+            }                                                                       \
+        } else if (bc->a_row) {                                                     \
+            const int64_t m = bc->a_row;                                            \
+            for (int64_t r = 0; r < n; r += m) {                                    \
+                const T *br = b + r;                                                \
+                T *orow = o + r;                                                    \
+                for (int64_t j = 0; j < m; j++) {                                   \
+                    T x = a[j], y = br[j];                                          \
+                    orow[j] = (T)(expr);                                            \
+                }                                                                   \
+            }                                                                       \
         } else {                                                                    \
             ref_binary[DT][KI](bc, av, bv, ov);                                     \
         }                                                                           \
