@@ -20,6 +20,7 @@ extern "C" {
 #include "tapegrad/tape.h"
 #include "tapegrad/registry.h"
 #include "tapegrad/ops.h"
+#include "tapegrad/nn.h"
 #include "tapegrad/gradcheck.h"
 
 #define TAPEGRAD_VERSION "0.1.0"

@@ -9,10 +9,8 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static const char *const names[TG_KERNEL_COUNT] = {
 #define TG__KNAME(name) #name,
-    TG_UNARY_KERNELS(TG__KNAME) TG_GRAD_KERNELS(TG__KNAME) TG_BINARY_KERNELS(TG__KNAME)
+    TG_ALL_KERNELS(TG__KNAME)
 #undef TG__KNAME
-    "REDUCE_SUM", "MAX_DIM", "MAX_DIM_GRAD", "GEMM", "SOFTMAX", "LOG_SOFTMAX", "SOFTMAX_GRAD",
-    "LOG_SOFTMAX_GRAD", "CE_FWD", "CE_BWD", "COPY_STRIDED", "FILL", "CAST",
 };
 
 const char *tg__kernel_name(tg_kernel_id id)
@@ -28,9 +26,13 @@ void tg__kernel_set(tg_kernel_id id, tg_backend backend, tg_dtype dtype, tg_kern
 static void init(void)
 {
     tg__backend_ref_register();
+    tg__ref_ext_register();
+    tg__ref_nn_register();
     for (int k = 0; k < TG_KERNEL_COUNT; k++)
         for (int d = 0; d < TG_DTYPE_COUNT; d++) table[k][TG_BACKEND_CPU][d] = table[k][TG_BACKEND_REF][d];
     tg__backend_cpu_register();
+    tg__cpu_ext_register();
+    tg__cpu_nn_register();
 }
 
 void tg__backend_init(void)

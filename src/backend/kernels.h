@@ -21,23 +21,34 @@
 /* Broadcasting binary maps out = a op b. */
 #define TG_BINARY_KERNELS(X) X(ADD) X(SUB) X(MUL) X(DIV) X(GT) X(EQ)
 
+/* Kernels with their own signatures (named below). */
+#define TG_OTHER_KERNELS(X)                                                        \
+    X(REDUCE_SUM)       /* tg_reduce_fn */                                         \
+    X(MAX_DIM)          /* tg_dim_max_fn */                                        \
+    X(MAX_DIM_GRAD)     /* tg_dim_scatter_fn */                                    \
+    X(GEMM)             /* tg_gemm_fn */                                           \
+    X(SOFTMAX)          /* tg_dim_fn */                                            \
+    X(LOG_SOFTMAX)      /* tg_dim_fn */                                            \
+    X(SOFTMAX_GRAD)     /* tg_dim_grad_fn */                                       \
+    X(LOG_SOFTMAX_GRAD) /* tg_dim_grad_fn */                                       \
+    X(CE_FWD)           /* tg_ce_fwd_fn */                                         \
+    X(CE_BWD)           /* tg_ce_bwd_fn */                                         \
+    X(COPY_STRIDED)     /* tg_copy_strided_fn */                                   \
+    X(FILL)             /* tg_fill_fn */                                           \
+    X(CAST)             /* tg_cast_fn, registered under the destination dtype */
+
+/* Kernel families kept in their own headers (ids, signatures). */
+#include "backend/kernels_ext.h"
+#include "backend/kernels_nn.h"
+
+#define TG_ALL_KERNELS(X)                                                          \
+    TG_UNARY_KERNELS(X) TG_GRAD_KERNELS(X) TG_BINARY_KERNELS(X) TG_OTHER_KERNELS(X) \
+    TG_EXT_KERNELS(X) TG_NN_KERNELS(X)
+
 typedef enum tg_kernel_id {
 #define TG__KID(name) TG_K_##name,
-    TG_UNARY_KERNELS(TG__KID) TG_GRAD_KERNELS(TG__KID) TG_BINARY_KERNELS(TG__KID)
+    TG_ALL_KERNELS(TG__KID)
 #undef TG__KID
-    TG_K_REDUCE_SUM,   /* tg_reduce_fn */
-    TG_K_MAX_DIM,      /* tg_dim_max_fn */
-    TG_K_MAX_DIM_GRAD, /* tg_dim_scatter_fn */
-    TG_K_GEMM,         /* tg_gemm_fn */
-    TG_K_SOFTMAX,      /* tg_dim_fn */
-    TG_K_LOG_SOFTMAX,  /* tg_dim_fn */
-    TG_K_SOFTMAX_GRAD, /* tg_dim_grad_fn */
-    TG_K_LOG_SOFTMAX_GRAD,
-    TG_K_CE_FWD,       /* tg_ce_fwd_fn */
-    TG_K_CE_BWD,       /* tg_ce_bwd_fn */
-    TG_K_COPY_STRIDED, /* tg_copy_strided_fn */
-    TG_K_FILL,         /* tg_fill_fn */
-    TG_K_CAST,         /* tg_cast_fn, registered under the destination dtype */
     TG_KERNEL_COUNT
 } tg_kernel_id;
 
@@ -111,6 +122,11 @@ TG_INTERNAL const char *tg__kernel_name(tg_kernel_id id);
 /* Registration entry points of each backend (called once, ref first). */
 TG_INTERNAL void tg__backend_ref_register(void);
 TG_INTERNAL void tg__backend_cpu_register(void);
+/* Per-family registration, called by the two above. */
+TG_INTERNAL void tg__ref_ext_register(void);
+TG_INTERNAL void tg__cpu_ext_register(void);
+TG_INTERNAL void tg__ref_nn_register(void);
+TG_INTERNAL void tg__cpu_nn_register(void);
 TG_INTERNAL void tg__backend_init(void);
 
 #endif

@@ -10,7 +10,14 @@
     X(matmul) X(softmax) X(log_softmax) X(cross_entropy) X(mse_loss)                \
     X(exp_backward) X(log_backward) X(sqrt_backward) X(tanh_backward)               \
     X(sigmoid_backward) X(relu_backward) X(pow_backward) X(max_dim_backward)        \
-    X(softmax_backward) X(log_softmax_backward) X(cross_entropy_backward)
+    X(softmax_backward) X(log_softmax_backward) X(cross_entropy_backward)           \
+    TG_BUILTIN_EXT_OPS(X) TG_BUILTIN_NN_OPS(X)
+
+/* Extended elementwise/reduction/indexing ops (src/ops/ext_*.c). */
+#define TG_BUILTIN_EXT_OPS(X)
+
+/* Neural-network ops: conv, pooling, normalisation (src/ops/nn_*.c). */
+#define TG_BUILTIN_NN_OPS(X)
 
 #define TG__DECLARE(name) extern const tg_op tg__op_##name;
 TG_BUILTIN_OPS(TG__DECLARE)
