@@ -74,7 +74,8 @@ struct tg_op {
     tg_cost_class cost;
     unsigned saves;            /* TG_SAVE_* */
     unsigned flags;            /* TG_OP_* */
-    tg_sample_fn sample;       /* gradcheck cases; required when backward */
+    tg_sample_fn sample;       /* gradcheck cases; an op with a backward and no cases
+                                  fails the registry sweep (tapegrad gradcheck) */
 };
 
 typedef enum tg_ad_mark { TG_AD_BACKWARD, TG_AD_NONDIFFERENTIABLE, TG_AD_UNMARKED } tg_ad_mark;
