@@ -22,6 +22,7 @@ extern "C" {
 #include "tapegrad/ops.h"
 #include "tapegrad/nn.h"
 #include "tapegrad/gradcheck.h"
+#include "tapegrad/data.h"
 
 #define TAPEGRAD_VERSION "0.1.0"
 const char *tg_version(void);

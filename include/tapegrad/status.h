@@ -22,6 +22,12 @@
     X(ERR_UNSUPPORTED, "not supported")                                       \
     X(ERR_GRADCHECK, "gradient check failed")                                 \
     X(ERR_SCOPE, "scope misuse")                                              \
+    X(ERR_IO, "I/O error")                                                    \
+    X(ERR_TRUNCATED, "file is truncated")                                     \
+    X(ERR_HEADER, "malformed file header")                                    \
+    X(ERR_OFFSETS, "tensor data offsets out of range, overlapping or inconsistent") \
+    X(ERR_EXTRA, "unexpected extra entry")                                    \
+    X(ERR_PARSE, "malformed text data")                                       \
     X(ERR_INTERNAL, "internal error")
 
 typedef enum tg_status {

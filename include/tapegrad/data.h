@@ -1,0 +1,55 @@
+/* tapegrad/data.h - in-memory data sets, stratified splits and shuffling
+ * mini-batch iterators. Included by <tapegrad.h>; do not include directly. */
+#ifndef TAPEGRAD_DATA_H
+#define TAPEGRAD_DATA_H
+
+#include "status.h"
+#include "tensor.h"
+
+/* Opaque: N samples of F f32 features and one i64 class label each. */
+typedef struct tg_dataset tg_dataset;
+
+/* Reads a CSV file, plain or gzip-compressed (detected from the content),
+ * where every row is nfeatures numbers followed by an integer label >= 0.
+ * Blank lines are skipped. TG_ERR_IO if the file cannot be read,
+ * TG_ERR_PARSE (with the line number) for a malformed row. On success
+ * *out is a new data set (tg_dataset_free). */
+tg_status tg_dataset_load_csv(const char *path, int nfeatures, tg_dataset **out);
+/* New data set copying n rows: x (n*nfeatures row-major), y (n labels). */
+tg_status tg_dataset_from_arrays(int64_t n, int nfeatures, const float *x, const int64_t *y,
+                                 tg_dataset **out);
+void tg_dataset_free(tg_dataset *ds);
+
+int64_t tg_dataset_size(const tg_dataset *ds);
+int tg_dataset_features(const tg_dataset *ds);
+/* 1 + the largest label. */
+int64_t tg_dataset_classes(const tg_dataset *ds);
+/* Borrowed views of all features (N, F) f32 and labels (N) i64, on the
+ * default backend at load time; valid until tg_dataset_free. */
+tg_tensor *tg_dataset_x(const tg_dataset *ds);
+tg_tensor *tg_dataset_y(const tg_dataset *ds);
+/* Multiplies every feature by factor (e.g. 1/16 for the digits pixels). */
+void tg_dataset_scale(tg_dataset *ds, float factor);
+
+/* Deterministic stratified split: within each class, a seeded shuffle puts
+ * round(test_fraction * count) samples in *test and the rest in *train (in
+ * their original order). Same seed, same split on every machine. */
+tg_status tg_dataset_split(const tg_dataset *ds, double test_fraction, uint64_t seed,
+                           tg_dataset **train, tg_dataset **test);
+
+/* Mini-batch iterator over a data set (which must outlive it). With
+ * shuffle, each epoch visits the samples in a new seeded order; the last
+ * batch of an epoch may be smaller. */
+typedef struct tg_batches tg_batches;
+
+tg_batches *tg_batches_new(const tg_dataset *ds, int64_t batch_size, bool shuffle, uint64_t seed);
+void tg_batches_free(tg_batches *it);
+/* Next batch of the current epoch: *x (B, F) f32 and *y (B) i64 as new
+ * references (scope-owned inside a scope). Returns false, setting nothing,
+ * when the epoch is over; tg_batches_next_epoch starts the next one. */
+bool tg_batches_next(tg_batches *it, tg_tensor **x, tg_tensor **y);
+void tg_batches_next_epoch(tg_batches *it);
+/* Batches per epoch: ceil(N / batch_size). */
+int64_t tg_batches_count(const tg_batches *it);
+
+#endif

@@ -1,0 +1,366 @@
+/* Data sets kept as two contiguous tensors, CSV(.gz) loading through zlib
+ * (gzread reads plain files too), stratified splits and shuffled batches. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "core/internal.h"
+
+struct tg_dataset {
+    int64_t n;
+    int f;
+    int64_t classes;
+    tg_tensor *x; /* (n, f) f32 */
+    tg_tensor *y; /* (n) i64 */
+};
+
+struct tg_batches {
+    const tg_dataset *ds;
+    int64_t batch, pos;
+    bool shuffle;
+    tg_rng rng;
+    int64_t *order;
+};
+
+static tg_status make(int64_t n, int f, tg_dataset **out)
+{
+    tg_dataset *ds = calloc(1, sizeof *ds);
+    if (!ds) return tg__err(TG_ERR_NOMEM, "out of memory for a data set");
+    int64_t xs[2] = {n, f};
+    ds->n = n;
+    ds->f = f;
+    ds->x = tg__tensor_empty(TG_F32, 2, xs, tg_default_backend());
+    ds->y = ds->x ? tg__tensor_empty(TG_I64, 1, &n, tg_default_backend()) : NULL;
+    if (!ds->y) {
+        tg_dataset_free(ds);
+        return TG_ERR_NOMEM;
+    }
+    *out = ds;
+    return TG_OK;
+}
+
+static void count_classes(tg_dataset *ds)
+{
+    const int64_t *y = tg__tensor_ptr(ds->y);
+    ds->classes = 0;
+    for (int64_t i = 0; i < ds->n; i++)
+        if (y[i] + 1 > ds->classes) ds->classes = y[i] + 1;
+}
+
+void tg_dataset_free(tg_dataset *ds)
+{
+    if (!ds) return;
+    tg_tensor_release(ds->x);
+    tg_tensor_release(ds->y);
+    free(ds);
+}
+
+tg_status tg_dataset_from_arrays(int64_t n, int nfeatures, const float *x, const int64_t *y,
+                                 tg_dataset **out)
+{
+    if (!out) return tg__err(TG_ERR_NULL, "bad argument #5 to 'dataset_from_arrays' (NULL out)");
+    *out = NULL;
+    if (n < 0 || nfeatures < 1)
+        return tg__err(TG_ERR_INVALID, "bad argument to 'dataset_from_arrays' (%lld rows of %d "
+                                       "features)", (long long)n, nfeatures);
+    if (n > 0 && (!x || !y))
+        return tg__err(TG_ERR_NULL, "bad argument to 'dataset_from_arrays' (NULL data)");
+    for (int64_t i = 0; i < n; i++)
+        if (y[i] < 0)
+            return tg__err(TG_ERR_INVALID, "bad argument #4 to 'dataset_from_arrays' (label %lld "
+                                           "at row %lld is negative)", (long long)y[i], (long long)i);
+    tg_dataset *ds;
+    tg_status st = make(n, nfeatures, &ds);
+    if (st) return st;
+    if (n) {
+        memcpy(tg__tensor_ptr(ds->x), x, (size_t)(n * nfeatures) * sizeof(float));
+        memcpy(tg__tensor_ptr(ds->y), y, (size_t)n * sizeof(int64_t));
+    }
+    count_classes(ds);
+    *out = ds;
+    return TG_OK;
+}
+
+/* Growable arrays for the parser. */
+typedef struct {
+    float *x;
+    int64_t *y;
+    int64_t n, cap;
+} rows;
+
+static int rows_push(rows *r, const float *x, int f, int64_t y)
+{
+    if (r->n == r->cap) {
+        int64_t cap = r->cap ? r->cap * 2 : 1024;
+        float *nx = realloc(r->x, (size_t)(cap * f) * sizeof *nx);
+        if (!nx) return -1;
+        r->x = nx;
+        int64_t *ny = realloc(r->y, (size_t)cap * sizeof *ny);
+        if (!ny) return -1;
+        r->y = ny;
+        r->cap = cap;
+    }
+    memcpy(r->x + r->n * f, x, (size_t)f * sizeof *x);
+    r->y[r->n++] = y;
+    return 0;
+}
+
+/* Parses one CSV row of f features and a label. */
+static tg_status parse_row(const char *path, int64_t lineno, char *line, int f, float *feat,
+                           int64_t *label)
+{
+    char *p = line, *end;
+    for (int i = 0; i <= f; i++) {
+        errno = 0;
+        double v = strtod(p, &end);
+        if (end == p || errno)
+            return tg__err(TG_ERR_PARSE, "%s:%lld: field %d is not a number (need %d features "
+                                         "and a label)", path, (long long)lineno, i + 1, f);
+        while (*end == ' ' || *end == '\t' || *end == '\r') end++;
+        if (i < f) {
+            if (*end != ',')
+                return tg__err(TG_ERR_PARSE, "%s:%lld: %d fields, need %d features and a label",
+                               path, (long long)lineno, i + 1, f);
+            feat[i] = (float)v;
+            p = end + 1;
+        } else {
+            if (*end != '\0' && *end != '\n')
+                return tg__err(TG_ERR_PARSE, "%s:%lld: more than %d fields", path,
+                               (long long)lineno, f + 1);
+            if (v < 0 || v != (double)(int64_t)v)
+                return tg__err(TG_ERR_PARSE, "%s:%lld: label %g is not a class index >= 0", path,
+                               (long long)lineno, v);
+            *label = (int64_t)v;
+        }
+    }
+    return TG_OK;
+}
+
+tg_status tg_dataset_load_csv(const char *path, int nfeatures, tg_dataset **out)
+{
+    if (!out) return tg__err(TG_ERR_NULL, "bad argument #3 to 'dataset_load_csv' (NULL out)");
+    *out = NULL;
+    if (!path) return tg__err(TG_ERR_NULL, "bad argument #1 to 'dataset_load_csv' (NULL path)");
+    if (nfeatures < 1 || nfeatures > (1 << 20))
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'dataset_load_csv' (%d features)",
+                       nfeatures);
+    gzFile gz = gzopen(path, "rb");
+    if (!gz) return tg__err(TG_ERR_IO, "cannot open '%s': %s", path, strerror(errno ? errno : ENOENT));
+    size_t cap = (size_t)nfeatures * 32 + 64;
+    char *line = malloc(cap);
+    float *feat = malloc((size_t)nfeatures * sizeof *feat);
+    rows r = {0};
+    tg_status st = (line && feat) ? TG_OK : tg__err(TG_ERR_NOMEM, "out of memory reading '%s'", path);
+    int64_t lineno = 0;
+    while (!st && gzgets(gz, line, (int)cap)) {
+        lineno++;
+        size_t len = strlen(line);
+        if (len == cap - 1 && line[len - 1] != '\n') {
+            st = tg__err(TG_ERR_PARSE, "%s:%lld: line longer than %zu bytes", path,
+                         (long long)lineno, cap - 2);
+            break;
+        }
+        char *s = line;
+        while (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n') s++;
+        if (!*s) continue;
+        int64_t label = 0;
+        st = parse_row(path, lineno, s, nfeatures, feat, &label);
+        if (!st && rows_push(&r, feat, nfeatures, label))
+            st = tg__err(TG_ERR_NOMEM, "out of memory reading '%s'", path);
+    }
+    int errnum = 0;
+    const char *gzmsg = gzerror(gz, &errnum);
+    if (!st && errnum != Z_OK && errnum != Z_STREAM_END)
+        st = tg__err(TG_ERR_IO, "cannot read '%s': %s", path, gzmsg);
+    gzclose(gz);
+    if (!st && r.n == 0) st = tg__err(TG_ERR_PARSE, "%s: no data rows", path);
+    if (!st) st = tg_dataset_from_arrays(r.n, nfeatures, r.x, r.y, out);
+    free(r.x);
+    free(r.y);
+    free(line);
+    free(feat);
+    return st;
+}
+
+int64_t tg_dataset_size(const tg_dataset *ds)
+{
+    return ds ? ds->n : 0;
+}
+
+int tg_dataset_features(const tg_dataset *ds)
+{
+    return ds ? ds->f : 0;
+}
+
+int64_t tg_dataset_classes(const tg_dataset *ds)
+{
+    return ds ? ds->classes : 0;
+}
+
+tg_tensor *tg_dataset_x(const tg_dataset *ds)
+{
+    return ds ? ds->x : NULL;
+}
+
+tg_tensor *tg_dataset_y(const tg_dataset *ds)
+{
+    return ds ? ds->y : NULL;
+}
+
+void tg_dataset_scale(tg_dataset *ds, float factor)
+{
+    if (!ds) return;
+    float *x = tg__tensor_ptr(ds->x);
+    for (int64_t i = 0; i < ds->n * ds->f; i++) x[i] *= factor;
+}
+
+static void shuffle(int64_t *v, int64_t n, tg_rng *rng)
+{
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(tg_rng_next(rng) % (uint64_t)(i + 1));
+        int64_t t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+    }
+}
+
+/* New data set of the rows listed in idx (in that order). */
+static tg_status subset(const tg_dataset *ds, const int64_t *idx, int64_t n, tg_dataset **out)
+{
+    tg_status st = make(n, ds->f, out);
+    if (st) return st;
+    const float *x = tg__tensor_ptr(ds->x);
+    const int64_t *y = tg__tensor_ptr(ds->y);
+    float *ox = tg__tensor_ptr((*out)->x);
+    int64_t *oy = tg__tensor_ptr((*out)->y);
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(ox + i * ds->f, x + idx[i] * ds->f, (size_t)ds->f * sizeof *x);
+        oy[i] = y[idx[i]];
+    }
+    (*out)->classes = ds->classes;
+    return TG_OK;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+tg_status tg_dataset_split(const tg_dataset *ds, double test_fraction, uint64_t seed,
+                           tg_dataset **train, tg_dataset **test)
+{
+    if (!ds || !train || !test) return tg__err(TG_ERR_NULL, "bad argument to 'dataset_split' (NULL)");
+    *train = *test = NULL;
+    if (!(test_fraction >= 0.0 && test_fraction <= 1.0))
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'dataset_split' (test fraction %g "
+                                       "outside [0,1])", test_fraction);
+    const int64_t *y = tg__tensor_ptr(ds->y);
+    int64_t n = ds->n, *by_class = malloc((size_t)(n ? n : 1) * sizeof *by_class);
+    int64_t *tr = malloc((size_t)(n ? n : 1) * sizeof *tr), *te = malloc((size_t)(n ? n : 1) * sizeof *te);
+    tg_status st = (by_class && tr && te) ? TG_OK : tg__err(TG_ERR_NOMEM, "out of memory in split");
+    int64_t ntr = 0, nte = 0;
+    tg_rng rng;
+    tg_rng_seed(&rng, seed);
+    for (int64_t c = 0; c < ds->classes && !st; c++) {
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (y[i] == c) by_class[m++] = i;
+        shuffle(by_class, m, &rng);
+        int64_t k = (int64_t)(test_fraction * (double)m + 0.5);
+        for (int64_t i = 0; i < m; i++) {
+            if (i < k)
+                te[nte++] = by_class[i];
+            else
+                tr[ntr++] = by_class[i];
+        }
+    }
+    if (!st) {
+        qsort(tr, (size_t)ntr, sizeof *tr, cmp_i64);
+        qsort(te, (size_t)nte, sizeof *te, cmp_i64);
+        st = subset(ds, tr, ntr, train);
+        if (!st) st = subset(ds, te, nte, test);
+        if (st) {
+            tg_dataset_free(*train);
+            *train = NULL;
+        }
+    }
+    free(by_class);
+    free(tr);
+    free(te);
+    return st;
+}
+
+tg_batches *tg_batches_new(const tg_dataset *ds, int64_t batch_size, bool shuf, uint64_t seed)
+{
+    if (!ds) {
+        tg__err(TG_ERR_NULL, "bad argument #1 to 'batches_new' (NULL data set)");
+        return NULL;
+    }
+    if (batch_size < 1) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to 'batches_new' (batch size %lld)",
+                (long long)batch_size);
+        return NULL;
+    }
+    tg_batches *it = calloc(1, sizeof *it);
+    if (it) it->order = malloc((size_t)(ds->n ? ds->n : 1) * sizeof *it->order);
+    if (!it || !it->order) {
+        free(it);
+        tg__err(TG_ERR_NOMEM, "out of memory for a batch iterator");
+        return NULL;
+    }
+    it->ds = ds;
+    it->batch = batch_size;
+    it->shuffle = shuf;
+    tg_rng_seed(&it->rng, seed);
+    for (int64_t i = 0; i < ds->n; i++) it->order[i] = i;
+    tg_batches_next_epoch(it);
+    return it;
+}
+
+void tg_batches_free(tg_batches *it)
+{
+    if (!it) return;
+    free(it->order);
+    free(it);
+}
+
+void tg_batches_next_epoch(tg_batches *it)
+{
+    if (!it) return;
+    it->pos = 0;
+    if (it->shuffle) shuffle(it->order, it->ds->n, &it->rng);
+}
+
+int64_t tg_batches_count(const tg_batches *it)
+{
+    return it ? (it->ds->n + it->batch - 1) / it->batch : 0;
+}
+
+bool tg_batches_next(tg_batches *it, tg_tensor **x, tg_tensor **y)
+{
+    if (!it || !x || !y || it->pos >= it->ds->n) return false;
+    const tg_dataset *ds = it->ds;
+    int64_t b = ds->n - it->pos < it->batch ? ds->n - it->pos : it->batch;
+    int64_t xs[2] = {b, ds->f};
+    tg_tensor *bx = tg__tensor_empty(TG_F32, 2, xs, ds->x->backend);
+    tg_tensor *by = bx ? tg__tensor_empty(TG_I64, 1, &b, ds->y->backend) : NULL;
+    if (!by) {
+        tg_tensor_release(bx);
+        return false;
+    }
+    const float *sx = tg__tensor_ptr(ds->x);
+    const int64_t *sy = tg__tensor_ptr(ds->y);
+    float *dx = tg__tensor_ptr(bx);
+    int64_t *dy = tg__tensor_ptr(by);
+    for (int64_t i = 0; i < b; i++) {
+        int64_t r = it->order[it->pos + i];
+        memcpy(dx + i * ds->f, sx + r * ds->f, (size_t)ds->f * sizeof *sx);
+        dy[i] = sy[r];
+    }
+    it->pos += b;
+    *x = tg__scope_track(bx);
+    *y = tg__scope_track(by);
+    return *x && *y;
+}

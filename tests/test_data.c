@@ -1,0 +1,164 @@
+/* Data sets: CSV(.gz) loading, stratified splits, shuffled mini-batches. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tapegrad.h>
+#include <unistd.h>
+
+static char *digits_path(void)
+{
+    static char buf[4096];
+    const char *root = getenv("TG_SOURCE_ROOT");
+    snprintf(buf, sizeof buf, "%s/data/digits.csv.gz", root ? root : ".");
+    return buf;
+}
+
+static char *write_tmp(const char *text)
+{
+    static char path[64];
+    strcpy(path, "/tmp/tg_data_XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+Test(data, digits_load_with_the_documented_size_and_labels)
+{
+    tg_dataset *ds = NULL;
+    cr_assert_eq(tg_dataset_load_csv(digits_path(), 64, &ds), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_dataset_size(ds), 1797);
+    cr_assert_eq(tg_dataset_features(ds), 64);
+    cr_assert_eq(tg_dataset_classes(ds), 10);
+    double v;
+    /* First row of the file: 0,0,5,13,9,1,0,0,... label 0. */
+    cr_assert_eq(tg_tensor_get(tg_dataset_x(ds), 2, &v), TG_OK);
+    cr_assert_float_eq(v, 5.0, 1e-12);
+    cr_assert_eq(tg_tensor_get(tg_dataset_y(ds), 0, &v), TG_OK);
+    cr_assert_float_eq(v, 0.0, 1e-12);
+    tg_dataset_free(ds);
+}
+
+Test(data, stratified_split_keeps_class_proportions_and_is_deterministic)
+{
+    tg_dataset *ds, *tr, *te, *tr2, *te2;
+    cr_assert_eq(tg_dataset_load_csv(digits_path(), 64, &ds), TG_OK);
+    cr_assert_eq(tg_dataset_split(ds, 0.2, 7, &tr, &te), TG_OK);
+    cr_assert_eq(tg_dataset_size(tr) + tg_dataset_size(te), 1797);
+    int64_t all[10] = {0}, test[10] = {0};
+    for (int64_t i = 0; i < 1797; i++) {
+        double y;
+        tg_tensor_get(tg_dataset_y(ds), i, &y);
+        all[(int)y]++;
+    }
+    for (int64_t i = 0; i < tg_dataset_size(te); i++) {
+        double y;
+        tg_tensor_get(tg_dataset_y(te), i, &y);
+        test[(int)y]++;
+    }
+    for (int c = 0; c < 10; c++)
+        cr_expect_eq(test[c], (int64_t)(0.2 * (double)all[c] + 0.5), "class %d", c);
+
+    cr_assert_eq(tg_dataset_split(ds, 0.2, 7, &tr2, &te2), TG_OK);
+    size_t nb = (size_t)tg_dataset_size(te) * 64 * sizeof(float);
+    float *a = malloc(nb), *b = malloc(nb);
+    tg_tensor_copy_out(tg_dataset_x(te), a, nb);
+    tg_tensor_copy_out(tg_dataset_x(te2), b, nb);
+    cr_expect_eq(memcmp(a, b, nb), 0, "same seed must give the same split");
+    tg_dataset_free(tr2);
+    tg_dataset_free(te2);
+    cr_assert_eq(tg_dataset_split(ds, 0.2, 8, &tr2, &te2), TG_OK);
+    tg_tensor_copy_out(tg_dataset_x(te2), b, nb);
+    cr_expect_neq(memcmp(a, b, nb), 0, "another seed should give another split");
+    free(a);
+    free(b);
+    tg_dataset_free(tr2);
+    tg_dataset_free(te2);
+    tg_dataset_free(tr);
+    tg_dataset_free(te);
+    tg_dataset_free(ds);
+}
+
+Test(data, shuffled_batches_visit_every_sample_once_per_epoch)
+{
+    enum { N = 10 };
+    float x[N];
+    int64_t y[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)i;
+        y[i] = i % 3;
+    }
+    tg_dataset *ds;
+    cr_assert_eq(tg_dataset_from_arrays(N, 1, x, y, &ds), TG_OK);
+    tg_batches *it = tg_batches_new(ds, 4, true, 3);
+    cr_assert_not_null(it);
+    cr_assert_eq(tg_batches_count(it), 3);
+    int order[2][N];
+    for (int epoch = 0; epoch < 2; epoch++) {
+        int seen[N] = {0}, k = 0, sizes[3], nb = 0;
+        tg_tensor *bx, *by;
+        while (tg_batches_next(it, &bx, &by)) {
+            sizes[nb++] = (int)tg_tensor_dim(bx, 0);
+            for (int64_t i = 0; i < tg_tensor_dim(bx, 0); i++) {
+                double v, l;
+                tg_tensor_get(bx, i, &v);
+                tg_tensor_get(by, i, &l);
+                cr_assert_eq((int)l, (int)v % 3, "label travels with its sample");
+                seen[(int)v]++;
+                order[epoch][k++] = (int)v;
+            }
+            tg_tensor_release(bx);
+            tg_tensor_release(by);
+        }
+        cr_assert_eq(nb, 3);
+        cr_expect_eq(sizes[0], 4);
+        cr_expect_eq(sizes[2], 2);
+        for (int i = 0; i < N; i++) cr_expect_eq(seen[i], 1, "sample %d", i);
+        tg_batches_next_epoch(it);
+    }
+    cr_expect_neq(memcmp(order[0], order[1], sizeof order[0]), 0, "epochs reshuffle");
+    tg_batches_free(it);
+    tg_dataset_free(ds);
+}
+
+Test(data, plain_and_gzip_files_load_the_same_rows)
+{
+    char *p = write_tmp("1,2,0\n\n3.5,4,1\n");
+    tg_dataset *ds;
+    cr_assert_eq(tg_dataset_load_csv(p, 2, &ds), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_dataset_size(ds), 2);
+    cr_assert_eq(tg_dataset_classes(ds), 2);
+    double v;
+    tg_tensor_get(tg_dataset_x(ds), 2, &v);
+    cr_assert_float_eq(v, 3.5, 1e-6);
+    tg_dataset_free(ds);
+    unlink(p);
+}
+
+Test(data, malformed_files_fail_with_specific_codes_and_line_numbers)
+{
+    tg_dataset *ds = (tg_dataset *)1;
+    cr_assert_eq(tg_dataset_load_csv("/nonexistent/digits.csv", 64, &ds), TG_ERR_IO);
+    cr_assert_null(ds);
+    static const struct { const char *text; const char *needle; } bad[] = {
+        {"1,2,0\n1,x,1\n", ":2:"},   /* not a number on line 2 */
+        {"1,2\n", ":1:"},            /* missing label */
+        {"1,2,3,0\n", ":1:"},        /* too many fields */
+        {"1,2,-1\n", "label"},       /* negative label */
+        {"1,2,0.5\n", "label"},      /* fractional label */
+        {"\n\n", "no data rows"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *p = write_tmp(bad[i].text);
+        ds = (tg_dataset *)1;
+        cr_expect_eq(tg_dataset_load_csv(p, 2, &ds), TG_ERR_PARSE, "case %zu", i);
+        cr_expect_null(ds);
+        cr_expect(strstr(tg_last_error_message(), bad[i].needle) != NULL, "case %zu: %s", i,
+                  tg_last_error_message());
+        unlink(p);
+    }
+    cr_assert_eq(tg_dataset_load_csv(NULL, 2, &ds), TG_ERR_NULL);
+    cr_assert_eq(tg_dataset_load_csv("x", 0, &ds), TG_ERR_INVALID);
+}
