@@ -34,10 +34,11 @@ tg_tensor *tg_mul_scalar(tg_tensor *x, double s); /* x * s */
 tg_tensor *tg_gt(tg_tensor *a, tg_tensor *b);
 tg_tensor *tg_eq(tg_tensor *a, tg_tensor *b);
 
-/* Reductions. */
+/* Reductions. Sums accumulate in f64. The mean of zero elements is 0. */
 tg_tensor *tg_sum(tg_tensor *x);  /* sum of all elements, 0-d */
 tg_tensor *tg_mean(tg_tensor *x); /* mean of all elements, 0-d */
-/* Sum/mean over the ndims listed dims; keepdim keeps them with size 1. */
+/* Sum/mean over the ndims listed dims; keepdim keeps them with size 1.
+ * ndims == 0 reduces nothing (a copy of x). */
 tg_tensor *tg_sum_dims(tg_tensor *x, int ndims, const int *dims, bool keepdim);
 tg_tensor *tg_mean_dims(tg_tensor *x, int ndims, const int *dims, bool keepdim);
 /* Max along dim; the gradient goes to the first maximal element. */

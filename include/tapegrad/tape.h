@@ -36,9 +36,10 @@ int64_t tg_tape_node_count(const tg_tape *tape);
 size_t tg_tape_saved_bytes(const tg_tape *tape);
 size_t tg_tape_saved_peak_bytes(const tg_tape *tape);
 
-/* Marks t as a leaf that requires grad on tape. t must be floating and not
- * already recorded as an interior result (TG_ERR_INVALID), nor a leaf of
- * another tape (TG_ERR_TAPE). Marking a leaf of the same tape again is OK. */
+/* Marks t as a leaf that requires grad on tape. t must be floating
+ * (TG_ERR_DTYPE), not already recorded as an interior result
+ * (TG_ERR_INVALID), nor a leaf of another live tape (TG_ERR_TAPE). Marking a
+ * leaf of the same tape again is OK. */
 tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t);
 /* True for leaves and recorded results of the current tape generation. */
 bool tg_tensor_requires_grad(const tg_tensor *t);
@@ -50,7 +51,8 @@ bool tg_tensor_is_leaf(const tg_tensor *t);
  * them, so a second backward over the same record fails with TG_ERR_STALE.
  * Backward runs with grad recording disabled. */
 tg_status tg_backward(tg_tensor *loss);
-/* Same, seeding d(out) with seed (same shape, dtype and backend as out). */
+/* Same, seeding d(out) with seed, which must have out's shape, dtype and
+ * backend (else TG_ERR_SHAPE, the message naming all three). */
 tg_status tg_backward_seed(tg_tensor *out, const tg_tensor *seed);
 
 /* Borrowed pointer to the accumulated gradient of leaf t; valid until

@@ -1,6 +1,7 @@
 /* Per-thread scopes: a stack of owned tensors with one mark per open scope.
  * Ending a scope releases everything above its mark. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/internal.h"
 
@@ -8,17 +9,34 @@
 
 static TG_THREAD_LOCAL tg_tensor **items;
 static TG_THREAD_LOCAL size_t nitems, capitems;
-static TG_THREAD_LOCAL size_t marks[MAX_SCOPES];
+static TG_THREAD_LOCAL size_t small_marks[MAX_SCOPES];
+/* All marks once the depth passes MAX_SCOPES (freed back at depth 0). */
+static TG_THREAD_LOCAL size_t *big_marks;
+static TG_THREAD_LOCAL int cap_big;
 static TG_THREAD_LOCAL int depth;
-static TG_THREAD_LOCAL int overflow; /* scopes opened past MAX_SCOPES */
+static TG_THREAD_LOCAL int overflow; /* scopes opened when the marks could not grow */
+
+static size_t *marks(void)
+{
+    return big_marks ? big_marks : small_marks;
+}
 
 void tg_scope_begin(void)
 {
-    if (depth == MAX_SCOPES) {
+    int cap = big_marks ? cap_big : MAX_SCOPES;
+    if (!overflow && depth == cap) {
+        size_t *p = realloc(big_marks, (size_t)cap * 2 * sizeof *p);
+        if (p) {
+            if (!big_marks) memcpy(p, small_marks, sizeof small_marks);
+            big_marks = p;
+            cap = cap_big = cap * 2;
+        }
+    }
+    if (overflow || depth == cap) {
         overflow++;
         return;
     }
-    marks[depth++] = nitems;
+    marks()[depth++] = nitems;
 }
 
 int tg_scope_depth(void)
@@ -33,7 +51,7 @@ tg_status tg_scope_end(void)
         return TG_OK;
     }
     if (depth == 0) return tg__err(TG_ERR_SCOPE, "tg_scope_end without a matching tg_scope_begin");
-    size_t mark = marks[--depth];
+    size_t mark = marks()[--depth];
     /* Release newest first, so results go before what they were built from. */
     while (nitems > mark) {
         tg_tensor *t = items[--nitems];
@@ -44,6 +62,11 @@ tg_status tg_scope_end(void)
         free(items);
         items = NULL;
         capitems = 0;
+    }
+    if (depth == 0 && big_marks) {
+        free(big_marks);
+        big_marks = NULL;
+        cap_big = 0;
     }
     return TG_OK;
 }
@@ -71,7 +94,7 @@ tg_tensor *tg__scope_track(tg_tensor *t)
 tg_tensor *tg_scope_keep(tg_tensor *t)
 {
     if (!t || !t->scope_owned || depth == 0) return t;
-    size_t mark = marks[depth - 1];
+    size_t mark = marks()[depth - 1];
     for (size_t i = nitems; i > mark; i--) {
         if (items[i - 1] == t) {
             items[i - 1] = items[nitems - 1];

@@ -1,0 +1,749 @@
+/* test_ops.c - forward values of every built-in op against hand-computed
+ * results on small inputs, on both backends. Each check runs once per
+ * backend inside a scope, and must give back every byte it allocated. */
+#include <criterion/criterion.h>
+#include <tapegrad.h>
+
+#include <math.h>
+#include <string.h>
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define NSHAPE(...) ((int)(sizeof(SHAPE(__VA_ARGS__)) / sizeof(int64_t)))
+#define VALS(...) ((const double[]){__VA_ARGS__})
+#define NVALS(...) ((int64_t)(sizeof(VALS(__VA_ARGS__)) / sizeof(double)))
+#define DIMS(...) ((const int[]){__VA_ARGS__})
+#define EULER 2.718281828459045
+#define NDIMS(...) ((int)(sizeof(DIMS(__VA_ARGS__)) / sizeof(int)))
+
+/* Tensor literals: T(dtype, (shape...), values...) */
+#define TS(dt, shp, ...) make((dt), NSHAPE shp, SHAPE shp, VALS(__VA_ARGS__), NVALS(__VA_ARGS__))
+#define T64(shp, ...) TS(TG_F64, shp, __VA_ARGS__)
+#define T32(shp, ...) TS(TG_F32, shp, __VA_ARGS__)
+/* EXPECT(t, (shape...), tol, values...) */
+#define EXPECT(t, shp, tol, ...)                                                                   \
+    expect_tensor(__LINE__, (t), NSHAPE shp, SHAPE shp, VALS(__VA_ARGS__), NVALS(__VA_ARGS__),   \
+                  (tol))
+#define EXPECT0(t, tol, v) expect_tensor(__LINE__, (t), 0, NULL, VALS(v), 1, (tol))
+
+static tg_backend cur; /* backend of the running check */
+
+static tg_tensor *make(tg_dtype dt, int ndim, const int64_t *shape, const double *v, int64_t n)
+{
+    int64_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= shape[i];
+    cr_assert_eq(numel, n, "literal has %lld values for %lld elements", (long long)n,
+                 (long long)numel);
+    tg_tensor *t = tg_zeros(dt, ndim, shape);
+    cr_assert_not_null(t, "%s", tg_last_error_message());
+    if (n == 0) return t;
+    void *p = tg_tensor_data(t);
+    for (int64_t i = 0; i < n; i++) {
+        switch (dt) {
+        case TG_F32: ((float *)p)[i] = (float)v[i]; break;
+        case TG_F64: ((double *)p)[i] = v[i]; break;
+        case TG_I64: ((int64_t *)p)[i] = (int64_t)v[i]; break;
+        }
+    }
+    return t;
+}
+
+static tg_tensor *targets(int64_t n, const int64_t *v)
+{
+    tg_tensor *t = tg_tensor_from_data(TG_I64, 1, &n, v);
+    cr_assert_not_null(t);
+    return t;
+}
+
+/* Shape, backend and values (|got - want| <= tol * max(1, |want|)). */
+static void expect_tensor(int line, const tg_tensor *t, int ndim, const int64_t *shape,
+                          const double *want, int64_t n, double tol)
+{
+    const char *be = tg_backend_name(cur);
+    cr_assert_not_null(t, "line %d [%s]: NULL result (%s: %s)", line, be,
+                       tg_strerror(tg_last_error()), tg_last_error_message());
+    cr_assert_eq(tg_tensor_ndim(t), ndim, "line %d [%s]: ndim %d, expected %d", line, be,
+                 tg_tensor_ndim(t), ndim);
+    for (int i = 0; i < ndim; i++)
+        cr_assert_eq(tg_tensor_shape(t)[i], shape[i], "line %d [%s]: dim %d is %lld, expected %lld",
+                     line, be, i, (long long)tg_tensor_shape(t)[i], (long long)shape[i]);
+    cr_assert_eq(tg_tensor_backend(t), cur, "line %d [%s]: result on %s", line, be,
+                 tg_backend_name(tg_tensor_backend(t)));
+    cr_assert_eq(tg_tensor_numel(t), n, "line %d [%s]", line, be);
+    for (int64_t i = 0; i < n; i++) {
+        double v = NAN;
+        cr_assert_eq(tg_tensor_get(t, i, &v), TG_OK);
+        double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
+        cr_assert(fabs(v - want[i]) <= tol * scale,
+                  "line %d [%s]: element %lld is %.17g, expected %.17g", line, be, (long long)i, v,
+                  want[i]);
+    }
+}
+
+static double item(const tg_tensor *t)
+{
+    double v = NAN;
+    cr_assert_eq(tg_tensor_item(t, &v), TG_OK, "[%s] %s", tg_backend_name(cur),
+                 tg_last_error_message());
+    return v;
+}
+
+/* Runs check on ref and on cpu, each in its own scope; nothing may leak
+ * and no error may be left behind. */
+static void on_both_backends(void (*check)(void))
+{
+    static const tg_backend all[2] = {TG_BACKEND_REF, TG_BACKEND_CPU};
+    for (int i = 0; i < 2; i++) {
+        cur = all[i];
+        tg_backend prev = tg_set_default_backend(cur);
+        tg_error_clear();
+        size_t base = tg_mem_current_bytes();
+        tg_scope_begin();
+        check();
+        cr_assert_eq(tg_scope_end(), TG_OK);
+        cr_assert_eq(tg_last_error(), TG_OK, "[%s] error left behind: %s", tg_backend_name(cur),
+                     tg_last_error_message());
+        cr_assert_eq(tg_mem_current_bytes(), base, "[%s] %zu bytes leaked", tg_backend_name(cur),
+                     tg_mem_current_bytes() - base);
+        tg_set_default_backend(prev);
+    }
+}
+
+#define OPS_TEST(name)                                                                             \
+    static void check_##name(void);                                                                \
+    Test(ops, name) { on_both_backends(check_##name); }                                            \
+    static void check_##name(void)
+
+/* ---- elementwise binary, broadcasting */
+
+OPS_TEST(add_of_equal_shapes)
+{
+    EXPECT(tg_add(T64((3), 1, 2, 3), T64((3), 10, 20, 30)), (3), 1e-15, 11, 22, 33);
+    EXPECT(tg_add(T32((2), 0.5, -1.5), T32((2), 0.25, 0.5)), (2), 1e-7, 0.75, -1.0);
+}
+
+OPS_TEST(add_broadcasts_a_row_and_a_column)
+{
+    tg_tensor *col = T64((3, 1), 1, 2, 3);
+    tg_tensor *row = T64((4), 10, 20, 30, 40);
+    EXPECT(tg_add(col, row), (3, 4), 1e-15,
+           11, 21, 31, 41,
+           12, 22, 32, 42,
+           13, 23, 33, 43);
+    EXPECT(tg_add(row, col), (3, 4), 1e-15,
+           11, 21, 31, 41,
+           12, 22, 32, 42,
+           13, 23, 33, 43);
+}
+
+OPS_TEST(add_broadcasts_a_matrix_and_a_row_and_a_scalar)
+{
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    EXPECT(tg_add(m, T64((3), 100, 200, 300)), (2, 3), 1e-15, 101, 202, 303, 104, 205, 306);
+    EXPECT(tg_add(m, tg_scalar(TG_F64, 0.5)), (2, 3), 1e-15, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5);
+    EXPECT(tg_add(tg_scalar(TG_F64, 0.5), m), (2, 3), 1e-15, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5);
+    /* rank promotion in 3-d: (2,1,3) + (2,1) -> (2,2,3) */
+    tg_tensor *a = T64((2, 1, 3), 1, 2, 3, 4, 5, 6);
+    tg_tensor *b = T64((2, 1), 10, 20);
+    EXPECT(tg_add(a, b), (2, 2, 3), 1e-15,
+           11, 12, 13, 21, 22, 23,
+           14, 15, 16, 24, 25, 26);
+}
+
+OPS_TEST(add_of_a_strided_view_reads_it_in_logical_order)
+{
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    tg_tensor *mt = tg_transpose(m, 0, 1); /* (3,2): 1 4 / 2 5 / 3 6 */
+    EXPECT(tg_add(mt, T64((2), 0, 10)), (3, 2), 1e-15, 1, 14, 2, 15, 3, 16);
+}
+
+OPS_TEST(sub_mul_div_elementwise_and_broadcast)
+{
+    tg_tensor *a = T64((3), 5, 7, 9);
+    tg_tensor *b = T64((3), 1, 2, 3);
+    EXPECT(tg_sub(a, b), (3), 1e-15, 4, 5, 6);
+    EXPECT(tg_sub(b, a), (3), 1e-15, -4, -5, -6);
+    EXPECT(tg_mul(a, b), (3), 1e-15, 5, 14, 27);
+    EXPECT(tg_div(T64((3), 1, 4, 9), T64((3), 2, 8, -3)), (3), 1e-15, 0.5, 0.5, -3);
+    tg_tensor *col = T64((2, 1), 2, -1);
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    EXPECT(tg_mul(col, m), (2, 3), 1e-15, 2, 4, 6, -4, -5, -6);
+    EXPECT(tg_sub(m, col), (2, 3), 1e-15, -1, 0, 1, 5, 6, 7);
+    EXPECT(tg_div(m, col), (2, 3), 1e-15, 0.5, 1, 1.5, -4, -5, -6);
+    EXPECT(tg_div(tg_scalar(TG_F64, 1.0), T64((2), 4, -8)), (2), 1e-15, 0.25, -0.125);
+    EXPECT(tg_mul(T32((2, 2), 1, 2, 3, 4), T32((2), 0.5, -2)), (2, 2), 1e-7, 0.5, -4, 1.5, -8);
+}
+
+/* ---- elementwise unary */
+
+OPS_TEST(neg_exp_log_sqrt)
+{
+    EXPECT(tg_neg(T64((3), 1, -2, 0)), (3), 1e-15, -1, 2, 0);
+    EXPECT(tg_exp(T64((3), 0, 1, -1)), (3), 1e-15, 1, EULER, 1.0 / EULER);
+    EXPECT(tg_log(T64((3), 1, EULER, 0.5)), (3), 1e-15, 0, 1, -0.6931471805599453);
+    EXPECT(tg_sqrt(T64((3), 4, 2, 0)), (3), 1e-15, 2, 1.4142135623730951, 0);
+    EXPECT(tg_exp(T32((2), 0, 2)), (2), 1e-6, 1, 7.38905609893065);
+    EXPECT(tg_log(T32((1), 10)), (1), 1e-6, 2.302585092994046);
+}
+
+OPS_TEST(tanh_values_and_saturation)
+{
+    EXPECT(tg_tanh(T64((5), 0, 0.5, -2, 50, -50)), (5), 1e-15, 0, 0.46211715726000974,
+           -0.9640275800758169, 1, -1);
+    EXPECT(tg_tanh(T32((2), 0.5, -20)), (2), 1e-6, 0.46211715726000974, -1);
+}
+
+OPS_TEST(sigmoid_values_including_large_negative_inputs)
+{
+    EXPECT(tg_sigmoid(T64((3), 0, 2, -2)), (3), 1e-15, 0.5, 0.8807970779778823,
+           0.11920292202211755);
+    /* No overflow: e^1000 is inf, the result must still be 0 and 1. */
+    tg_tensor *big = tg_sigmoid(T64((4), -1000, 1000, -745, 745));
+    EXPECT(big, (4), 1e-300, 0, 1, 0, 1);
+    /* and accurate in the far tail, not just clamped */
+    double v;
+    tg_tensor *tail = tg_sigmoid(T64((1), -30));
+    cr_assert_eq(tg_tensor_get(tail, 0, &v), TG_OK);
+    cr_assert(fabs(v - 9.357622968839299e-14) <= 1e-12 * 9.357622968839299e-14,
+              "[%s] sigmoid(-30) = %.17g", tg_backend_name(cur), v);
+    tg_tensor *f = tg_sigmoid(T32((3), -100, -1000, 100));
+    for (int64_t i = 0; i < 3; i++) {
+        cr_assert_eq(tg_tensor_get(f, i, &v), TG_OK);
+        cr_assert(isfinite(v), "[%s] f32 sigmoid element %lld is %g", tg_backend_name(cur),
+                  (long long)i, v);
+    }
+    EXPECT(f, (3), 1e-7, 0, 0, 1);
+}
+
+OPS_TEST(relu_zeroes_negatives_and_zero)
+{
+    EXPECT(tg_relu(T64((4), -1, 0, 2.5, -0.0)), (4), 1e-15, 0, 0, 2.5, 0);
+    EXPECT(tg_relu(T32((2), -3, 3)), (2), 1e-15, 0, 3);
+}
+
+OPS_TEST(pow_add_and_mul_by_a_scalar)
+{
+    EXPECT(tg_pow_scalar(T64((3), 2, 3, 4), 2.0), (3), 1e-15, 4, 9, 16);
+    EXPECT(tg_pow_scalar(T64((2), 4, 9), 0.5), (2), 1e-15, 2, 3);
+    EXPECT(tg_pow_scalar(T64((2), 2, 4), -1.0), (2), 1e-15, 0.5, 0.25);
+    EXPECT(tg_pow_scalar(T64((2), -2, 3), 3.0), (2), 1e-15, -8, 27);
+    EXPECT(tg_add_scalar(T64((2), 1, 2), 0.5), (2), 1e-15, 1.5, 2.5);
+    EXPECT(tg_add_scalar(T64((2), 1, 2), -3.0), (2), 1e-15, -2, -1);
+    EXPECT(tg_mul_scalar(T64((2), 1, -2), 3.0), (2), 1e-15, 3, -6);
+    EXPECT(tg_mul_scalar(T32((2), 1, -2), 0.5), (2), 1e-7, 0.5, -1);
+    EXPECT(tg_pow_scalar(T32((2), 3, 0.5), 2.0), (2), 1e-6, 9, 0.25);
+}
+
+OPS_TEST(unary_ops_on_a_scalar_and_an_empty_tensor)
+{
+    EXPECT0(tg_exp(tg_scalar(TG_F64, 0.0)), 1e-15, 1.0);
+    EXPECT0(tg_neg(tg_scalar(TG_F64, 2.0)), 1e-15, -2.0);
+    tg_tensor *e = tg_exp(tg_zeros(TG_F64, 2, SHAPE(0, 3)));
+    cr_assert_not_null(e, "[%s] %s", tg_backend_name(cur), tg_last_error_message());
+    cr_assert_eq(tg_tensor_numel(e), 0);
+    cr_assert_eq(tg_tensor_dim(e, 1), 3);
+}
+
+/* ---- comparisons */
+
+OPS_TEST(gt_and_eq_give_ones_and_zeros_in_the_input_dtype)
+{
+    tg_tensor *g = tg_gt(T64((3), 1, 5, 3), T64((3), 2, 2, 3));
+    EXPECT(g, (3), 1e-15, 0, 1, 0);
+    cr_assert_eq(tg_tensor_dtype(g), TG_F64);
+    tg_tensor *e = tg_eq(T64((3), 1, 2, 3), T64((3), 1, 0, 3));
+    EXPECT(e, (3), 1e-15, 1, 0, 1);
+    /* broadcasting against a scalar, f32 */
+    tg_tensor *gs = tg_gt(T32((2, 2), -1, 0, 1, 2), tg_scalar(TG_F32, 0.0));
+    EXPECT(gs, (2, 2), 1e-15, 0, 0, 1, 1);
+    cr_assert_eq(tg_tensor_dtype(gs), TG_F32);
+    /* i64 (labels): eq of predictions and targets */
+    const int64_t p[4] = {0, 2, 1, 1}, t[4] = {0, 1, 1, 2};
+    tg_tensor *ei = tg_eq(targets(4, p), targets(4, t));
+    EXPECT(ei, (4), 1e-15, 1, 0, 1, 0);
+    cr_assert_eq(tg_tensor_dtype(ei), TG_I64);
+}
+
+/* ---- reductions */
+
+OPS_TEST(sum_and_mean_of_all_elements_are_zero_dimensional)
+{
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    EXPECT0(tg_sum(m), 1e-15, 21);
+    EXPECT0(tg_mean(m), 1e-15, 3.5);
+    EXPECT0(tg_sum(T32((4), 0.5, 0.25, 0.125, 0.125)), 1e-7, 1.0);
+    EXPECT0(tg_sum(tg_scalar(TG_F64, 4.0)), 1e-15, 4.0);
+    EXPECT0(tg_sum(tg_zeros(TG_F64, 1, SHAPE(0))), 1e-15, 0.0);
+    /* sum of a strided view */
+    EXPECT0(tg_sum(tg_transpose(m, 0, 1)), 1e-15, 21);
+}
+
+OPS_TEST(sum_dims_with_and_without_keepdim)
+{
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    EXPECT(tg_sum_dims(m, 1, DIMS(1), true), (2, 1), 1e-15, 6, 15);
+    EXPECT(tg_sum_dims(m, 1, DIMS(1), false), (2), 1e-15, 6, 15);
+    EXPECT(tg_sum_dims(m, 1, DIMS(0), true), (1, 3), 1e-15, 5, 7, 9);
+    EXPECT(tg_sum_dims(m, 1, DIMS(-2), false), (3), 1e-15, 5, 7, 9);
+    EXPECT(tg_sum_dims(m, 2, DIMS(0, 1), true), (1, 1), 1e-15, 21);
+    tg_tensor *c = tg_reshape(tg_arange(TG_F64, 0, 24, 1), 3, SHAPE(2, 3, 4));
+    /* over dims 0 and 2: out[j] = sum_i sum_k (12 i + 4 j + k) = 2*4*4j + 4*12 + 2*6 */
+    EXPECT(tg_sum_dims(c, 2, DIMS(0, 2), false), (3), 1e-15, 60, 92, 124);
+    EXPECT(tg_sum_dims(c, 2, DIMS(2, 0), true), (1, 3, 1), 1e-15, 60, 92, 124);
+}
+
+OPS_TEST(mean_dims_with_and_without_keepdim)
+{
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    EXPECT(tg_mean_dims(m, 1, DIMS(0), true), (1, 3), 1e-15, 2.5, 3.5, 4.5);
+    EXPECT(tg_mean_dims(m, 1, DIMS(-1), false), (2), 1e-15, 2, 5);
+    EXPECT0(tg_mean_dims(m, 2, DIMS(0, 1), false), 1e-15, 3.5);
+    tg_tensor *c = tg_reshape(tg_arange(TG_F64, 0, 24, 1), 3, SHAPE(2, 3, 4));
+    EXPECT(tg_mean_dims(c, 2, DIMS(0, 2), true), (1, 3, 1), 1e-15, 7.5, 11.5, 15.5);
+    EXPECT(tg_mean_dims(T32((2, 2), 1, 2, 3, 5), 1, DIMS(1), false), (2), 1e-7, 1.5, 4);
+}
+
+OPS_TEST(max_dim_values_with_and_without_keepdim)
+{
+    tg_tensor *m = T64((2, 3), 1, 5, 3, 7, 2, 7);
+    EXPECT(tg_max_dim(m, 1, false), (2), 1e-15, 5, 7);
+    EXPECT(tg_max_dim(m, -1, true), (2, 1), 1e-15, 5, 7);
+    EXPECT(tg_max_dim(m, 0, false), (3), 1e-15, 7, 5, 7);
+    EXPECT(tg_max_dim(m, 0, true), (1, 3), 1e-15, 7, 5, 7);
+    EXPECT0(tg_max_dim(T64((3), -4, -2, -9), 0, false), 1e-15, -2);
+    tg_tensor *c = tg_reshape(tg_arange(TG_F64, 0, 24, 1), 3, SHAPE(2, 3, 4));
+    EXPECT(tg_max_dim(c, 1, false), (2, 4), 1e-15, 8, 9, 10, 11, 20, 21, 22, 23);
+    EXPECT(tg_max_dim(T32((2, 2), 1, -1, -3, -2), 1, false), (2), 1e-15, 1, -2);
+}
+
+OPS_TEST(argmax_returns_the_first_max_on_ties_as_i64)
+{
+    tg_tensor *m = T64((2, 4), 1, 3, 3, 2, 4, 4, 0, 4);
+    tg_tensor *a = tg_argmax(m, 1, false);
+    EXPECT(a, (2), 1e-15, 1, 0);
+    cr_assert_eq(tg_tensor_dtype(a), TG_I64);
+    EXPECT(tg_argmax(m, 1, true), (2, 1), 1e-15, 1, 0);
+    EXPECT(tg_argmax(m, 0, false), (4), 1e-15, 1, 1, 0, 1);
+    EXPECT(tg_argmax(T64((2, 2), 1, 3, 1, 2), 0, false), (2), 1e-15, 0, 0);
+    EXPECT0(tg_argmax(T32((5), 2, 2, 2, 2, 2), 0, false), 1e-15, 0);
+    EXPECT0(tg_argmax(T64((3), -5, -1, -1), -1, false), 1e-15, 1);
+}
+
+/* ---- shape ops */
+
+OPS_TEST(reshape_keeps_row_major_order)
+{
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    EXPECT(tg_reshape(m, 2, SHAPE(3, 2)), (3, 2), 1e-15, 1, 2, 3, 4, 5, 6);
+    EXPECT(tg_reshape(m, 3, SHAPE(1, -1, 2)), (1, 3, 2), 1e-15, 1, 2, 3, 4, 5, 6);
+    EXPECT(tg_reshape(tg_scalar(TG_F64, 7), 2, SHAPE(1, 1)), (1, 1), 1e-15, 7);
+    EXPECT0(tg_reshape(T64((1), 7), 0, NULL), 1e-15, 7);
+    /* of a strided view: the logical order, in fresh storage */
+    tg_tensor *r = tg_reshape(tg_transpose(m, 0, 1), 1, SHAPE(6));
+    EXPECT(r, (6), 1e-15, 1, 4, 2, 5, 3, 6);
+}
+
+OPS_TEST(transpose_swaps_two_dims_as_a_view)
+{
+    tg_tensor *c = tg_reshape(tg_arange(TG_F64, 0, 24, 1), 3, SHAPE(2, 3, 4));
+    tg_tensor *t = tg_transpose(c, 0, 2); /* (4,3,2): t[i][j][k] = c[k][j][i] */
+    cr_assert_not_null(t);
+    cr_assert_not(tg_tensor_is_contiguous(t));
+    double want[24];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < 2; k++) want[(i * 3 + j) * 2 + k] = 12 * k + 4 * j + i;
+    expect_tensor(__LINE__, t, 3, SHAPE(4, 3, 2), want, 24, 1e-15);
+    EXPECT(tg_transpose(T64((2, 2), 1, 2, 3, 4), -1, -2), (2, 2), 1e-15, 1, 3, 2, 4);
+    EXPECT(tg_transpose(T64((2, 2), 1, 2, 3, 4), 1, 1), (2, 2), 1e-15, 1, 2, 3, 4);
+}
+
+OPS_TEST(permute_reorders_dims)
+{
+    tg_tensor *c = tg_reshape(tg_arange(TG_F64, 0, 24, 1), 3, SHAPE(2, 3, 4));
+    tg_tensor *p = tg_permute(c, 3, DIMS(2, 0, 1)); /* p[i][j][k] = c[j][k][i] */
+    double want[24];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 3; k++) want[(i * 2 + j) * 3 + k] = 12 * j + 4 * k + i;
+    expect_tensor(__LINE__, p, 3, SHAPE(4, 2, 3), want, 24, 1e-15);
+    /* permuting back gives the original */
+    tg_tensor *back = tg_permute(p, 3, DIMS(1, 2, 0));
+    double orig[24];
+    for (int i = 0; i < 24; i++) orig[i] = i;
+    expect_tensor(__LINE__, back, 3, SHAPE(2, 3, 4), orig, 24, 1e-15);
+    cr_assert(tg_tensor_is_contiguous(back));
+}
+
+OPS_TEST(expand_broadcasts_to_a_shape_as_a_view)
+{
+    tg_tensor *col = T64((3, 1), 1, 2, 3);
+    size_t before = tg_mem_current_bytes();
+    tg_tensor *e = tg_expand(col, 2, SHAPE(3, 4));
+    cr_assert_eq(tg_mem_current_bytes(), before, "[%s] expand copied", tg_backend_name(cur));
+    EXPECT(e, (3, 4), 1e-15, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    EXPECT(tg_expand(T64((2), 5, 6), 3, SHAPE(2, 1, 2)), (2, 1, 2), 1e-15, 5, 6, 5, 6);
+    EXPECT(tg_expand(tg_scalar(TG_F64, 9), 2, SHAPE(2, 2)), (2, 2), 1e-15, 9, 9, 9, 9);
+    /* an expanded view feeds other ops correctly */
+    EXPECT(tg_mul(e, T64((4), 1, 10, 100, 1000)), (3, 4), 1e-15, 1, 10, 100, 1000, 2, 20, 200,
+           2000, 3, 30, 300, 3000);
+    tg_error_clear();
+    cr_assert_null(tg_expand(col, 2, SHAPE(2, 4)));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+}
+
+OPS_TEST(sum_to_sums_down_to_a_broadcastable_shape)
+{
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    EXPECT(tg_sum_to(m, 2, SHAPE(1, 3)), (1, 3), 1e-15, 5, 7, 9);
+    EXPECT(tg_sum_to(m, 1, SHAPE(3)), (3), 1e-15, 5, 7, 9);
+    EXPECT(tg_sum_to(m, 2, SHAPE(2, 1)), (2, 1), 1e-15, 6, 15);
+    EXPECT0(tg_sum_to(m, 0, NULL), 1e-15, 21);
+    EXPECT(tg_sum_to(m, 2, SHAPE(2, 3)), (2, 3), 1e-15, 1, 2, 3, 4, 5, 6);
+    tg_tensor *c = tg_reshape(tg_arange(TG_F64, 0, 24, 1), 3, SHAPE(2, 3, 4));
+    EXPECT(tg_sum_to(c, 3, SHAPE(2, 1, 4)), (2, 1, 4), 1e-15, 12, 15, 18, 21, 48, 51, 54, 57);
+    tg_error_clear();
+    cr_assert_null(tg_sum_to(m, 1, SHAPE(2)));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+}
+
+OPS_TEST(contiguous_copies_a_strided_view_into_row_major_storage)
+{
+    tg_tensor *m = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    tg_tensor *t = tg_transpose(m, 0, 1);
+    tg_tensor *c = tg_contiguous(t);
+    EXPECT(c, (3, 2), 1e-15, 1, 4, 2, 5, 3, 6);
+    cr_assert(tg_tensor_is_contiguous(c));
+    const double *p = tg_tensor_data(c);
+    cr_assert_not_null(p);
+    const double want[6] = {1, 4, 2, 5, 3, 6};
+    for (int i = 0; i < 6; i++) cr_assert(fabs(p[i] - want[i]) < 1e-15, "data[%d]", i);
+    /* a copy: writing the source does not change it */
+    double *src = tg_tensor_data(m);
+    src[1] = 100;
+    EXPECT(c, (3, 2), 1e-15, 1, 4, 2, 5, 3, 6);
+    /* of an already contiguous tensor: same values */
+    EXPECT(tg_contiguous(m), (2, 3), 1e-15, 1, 100, 3, 4, 5, 6);
+    /* of an expanded view */
+    EXPECT(tg_contiguous(tg_expand(T64((2), 1, 2), 2, SHAPE(2, 2))), (2, 2), 1e-15, 1, 2, 1, 2);
+}
+
+/* ---- matmul */
+
+/* out (batch..., m, n) of a (..., m, k) and b (..., k, n) with NumPy
+ * broadcasting of the batch dims (both given with the same rank here). */
+static void ref_matmul(int nb, const int64_t *ba, const int64_t *bb, int64_t m, int64_t k,
+                       int64_t n, const double *a, const double *b, double *out)
+{
+    int64_t bo[TG_MAX_DIMS], nbatch = 1;
+    for (int i = 0; i < nb; i++) {
+        bo[i] = ba[i] > bb[i] ? ba[i] : bb[i];
+        nbatch *= bo[i];
+    }
+    for (int64_t bi = 0; bi < nbatch; bi++) {
+        int64_t rem = bi, ia = 0, ib = 0, sa = 1, sb = 1;
+        for (int d = nb - 1; d >= 0; d--) {
+            int64_t idx = rem % bo[d];
+            rem /= bo[d];
+            ia += (ba[d] == 1 ? 0 : idx) * sa;
+            ib += (bb[d] == 1 ? 0 : idx) * sb;
+            sa *= ba[d];
+            sb *= bb[d];
+        }
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double acc = 0;
+                for (int64_t p = 0; p < k; p++)
+                    acc += a[(ia * m + i) * k + p] * b[(ib * k + p) * n + j];
+                out[(bi * m + i) * n + j] = acc;
+            }
+    }
+}
+
+OPS_TEST(matmul_of_two_matrices)
+{
+    EXPECT(tg_matmul(T64((2, 2), 1, 2, 3, 4), T64((2, 2), 5, 6, 7, 8)), (2, 2), 1e-15, 19, 22,
+           43, 50);
+    /* (2,3) x (3,1) */
+    EXPECT(tg_matmul(T64((2, 3), 1, 2, 3, 4, 5, 6), T64((3, 1), 1, 0, -1)), (2, 1), 1e-15, -2, -2);
+    /* (1,3) x (3,2) */
+    EXPECT(tg_matmul(T64((1, 3), 1, 2, 3), T64((3, 2), 1, 2, 3, 4, 5, 6)), (1, 2), 1e-15, 22, 28);
+    EXPECT(tg_matmul(T32((2, 2), 1, 2, 3, 4), T32((2, 2), 0.5, 0, 0, 2)), (2, 2), 1e-6, 0.5, 4,
+           1.5, 8);
+    /* inner dim 0 gives zeros */
+    tg_tensor *z = tg_matmul(tg_ones(TG_F64, 2, SHAPE(2, 0)), tg_ones(TG_F64, 2, SHAPE(0, 3)));
+    EXPECT(z, (2, 3), 1e-15, 0, 0, 0, 0, 0, 0);
+}
+
+OPS_TEST(matmul_with_transposed_operands)
+{
+    tg_tensor *a = T64((3, 2), 1, 4, 2, 5, 3, 6); /* a^T = [[1,2,3],[4,5,6]] */
+    tg_tensor *b = T64((2, 3), 1, 3, 5, 2, 4, 6); /* b^T = [[1,2],[3,4],[5,6]] */
+    /* a^T b^T = [[22,28],[49,64]] */
+    EXPECT(tg_matmul(tg_transpose(a, 0, 1), tg_transpose(b, 0, 1)), (2, 2), 1e-15, 22, 28, 49,
+           64);
+    /* a^T a = [[14,32],[32,77]]... as (2,3)x(3,2) */
+    EXPECT(tg_matmul(tg_transpose(a, 0, 1), a), (2, 2), 1e-15, 14, 32, 32, 77);
+    /* a a^T (3,2)x(2,3) */
+    EXPECT(tg_matmul(a, tg_transpose(a, 0, 1)), (3, 3), 1e-15, 17, 22, 27, 22, 29, 36, 27, 36, 45);
+}
+
+OPS_TEST(matmul_batched_with_a_shared_matrix)
+{
+    /* (2,2,3) x (3,2) -> (2,2,2) */
+    tg_tensor *a = tg_reshape(tg_arange(TG_F64, 0, 12, 1), 3, SHAPE(2, 2, 3));
+    tg_tensor *b = T64((3, 2), 1, 0, 0, 1, 1, 1);
+    EXPECT(tg_matmul(a, b), (2, 2, 2), 1e-15, 2, 3, 8, 9, 14, 15, 20, 21);
+    /* (2,2) x (2,2,2): the matrix is broadcast on the left */
+    tg_tensor *c = tg_reshape(tg_arange(TG_F64, 0, 8, 1), 3, SHAPE(2, 2, 2));
+    EXPECT(tg_matmul(T64((2, 2), 1, 1, 0, 1), c), (2, 2, 2), 1e-15, 2, 4, 2, 3, 10, 12, 6, 7);
+}
+
+OPS_TEST(matmul_batched_broadcasts_batch_dims)
+{
+    /* (2,1,2,3) x (4,3,2) -> (2,4,2,2) */
+    double av[12], bv[24], want[32];
+    for (int i = 0; i < 12; i++) av[i] = 0.5 * i - 2;
+    for (int i = 0; i < 24; i++) bv[i] = (i % 5) - 1.5;
+    tg_tensor *a = tg_tensor_from_data(TG_F64, 4, SHAPE(2, 1, 2, 3), av);
+    tg_tensor *b = tg_tensor_from_data(TG_F64, 3, SHAPE(4, 3, 2), bv);
+    ref_matmul(2, SHAPE(2, 1), SHAPE(1, 4), 2, 3, 2, av, bv, want);
+    expect_tensor(__LINE__, tg_matmul(a, b), 4, SHAPE(2, 4, 2, 2), want, 32, 1e-14);
+    /* (1,2,2) x (3,2,2) -> (3,2,2) */
+    tg_tensor *c = T64((1, 2, 2), 1, 2, 3, 4);
+    tg_tensor *d = tg_reshape(tg_arange(TG_F64, 0, 12, 1), 3, SHAPE(3, 2, 2));
+    EXPECT(tg_matmul(c, d), (3, 2, 2), 1e-15,
+           4, 7, 8, 15,
+           16, 19, 36, 43,
+           28, 31, 64, 71);
+}
+
+OPS_TEST(matmul_of_a_batched_transposed_view)
+{
+    /* x (2,3,2) viewed as x^T (2,2,3) times y (3,1) */
+    tg_tensor *x = tg_reshape(tg_arange(TG_F64, 0, 12, 1), 3, SHAPE(2, 3, 2));
+    tg_tensor *y = T64((3, 1), 1, 2, 3);
+    /* batch 0: x0^T = [[0,2,4],[1,3,5]] -> [16, 22]; batch 1: [[6,8,10],[7,9,11]] -> [52, 58] */
+    EXPECT(tg_matmul(tg_transpose(x, -1, -2), y), (2, 2, 1), 1e-15, 16, 22, 52, 58);
+    /* a permuted batch layout that is neither form is copied first */
+    tg_tensor *p = tg_permute(x, 3, DIMS(1, 0, 2)); /* (3,2,2) */
+    double xv[12], pv[12], want[12];
+    for (int i = 0; i < 12; i++) xv[i] = i;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++)
+            for (int k = 0; k < 2; k++) pv[(i * 2 + j) * 2 + k] = xv[(j * 3 + i) * 2 + k];
+    const double id2[4] = {2, 0, 0, 3};
+    ref_matmul(1, SHAPE(3), SHAPE(1), 2, 2, 2, pv, id2, want);
+    expect_tensor(__LINE__, tg_matmul(p, T64((2, 2), 2, 0, 0, 3)), 3, SHAPE(3, 2, 2), want, 12,
+                  1e-15);
+}
+
+/* ---- softmax family and losses */
+
+OPS_TEST(softmax_rows_sum_to_one_and_match_hand_values)
+{
+    tg_tensor *x = T64((2, 3), 1, 2, 3, 0, 0, 0);
+    tg_tensor *s = tg_softmax(x, 1);
+    EXPECT(s, (2, 3), 1e-15, 0.09003057317038046, 0.24472847105479767, 0.6652409557748219,
+           1.0 / 3, 1.0 / 3, 1.0 / 3);
+    EXPECT(tg_sum_dims(s, 1, DIMS(1), false), (2), 1e-15, 1, 1);
+    /* along dim 0 the columns sum to one */
+    tg_tensor *s0 = tg_softmax(x, 0);
+    EXPECT(tg_sum_dims(s0, 1, DIMS(0), false), (3), 1e-15, 1, 1, 1);
+    EXPECT(s0, (2, 3), 1e-15, 0.7310585786300049, 0.8807970779778823, 0.9525741268224334,
+           0.2689414213699951, 0.11920292202211755, 0.04742587317756678);
+    /* huge inputs do not overflow */
+    EXPECT(tg_softmax(T64((3), 1000, 1001, 1002), 0), (3), 1e-15, 0.09003057317038046,
+           0.24472847105479767, 0.6652409557748219);
+    EXPECT(tg_softmax(T32((3), 1, 2, 3), -1), (3), 1e-6, 0.09003057317038046,
+           0.24472847105479767, 0.6652409557748219);
+    /* a 3-d middle dim */
+    tg_tensor *c = tg_softmax(tg_reshape(tg_arange(TG_F64, 0, 24, 1), 3, SHAPE(2, 3, 4)), 1);
+    tg_tensor *cs = tg_sum_dims(c, 1, DIMS(1), false);
+    double ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    expect_tensor(__LINE__, cs, 2, SHAPE(2, 4), ones, 8, 1e-14);
+}
+
+OPS_TEST(log_softmax_is_stable_for_large_inputs)
+{
+    /* log_softmax([1,2,3]) = [1,2,3] - 3 - log(1 + e^-1 + e^-2) */
+    EXPECT(tg_log_softmax(T64((3), 1, 2, 3), 0), (3), 1e-15, -2.40760596444438,
+           -1.4076059644443804, -0.4076059644443803);
+    /* Shifted by 1000 the answer is the same; e^1000 would overflow without
+     * the max subtracted. Rounding at magnitude 1000 allows ~1e-13. */
+    EXPECT(tg_log_softmax(T64((3), 1000, 1001, 1002), 0), (3), 1e-12, -2.40760596444438,
+           -1.4076059644443804, -0.4076059644443803);
+    EXPECT(tg_log_softmax(T64((2, 3), 1, 2, 3, 1000, 1001, 1002), 1), (2, 3), 1e-12,
+           -2.40760596444438, -1.4076059644443804, -0.4076059644443803, -2.40760596444438,
+           -1.4076059644443804, -0.4076059644443803);
+    /* e^-1000 underflows, but the log-probability is still -1000, not -inf */
+    EXPECT(tg_log_softmax(T64((2), -1000, 0), 0), (2), 1e-15, -1000, 0);
+    EXPECT(tg_log_softmax(T32((3), 1000, 1001, 1002), 0), (3), 1e-5, -2.40760596444438,
+           -1.4076059644443804, -0.4076059644443803);
+}
+
+OPS_TEST(cross_entropy_matches_the_hand_computed_mean)
+{
+    const int64_t t[2] = {2, 0};
+    tg_tensor *logits = T64((2, 3), 1, 2, 3, 1, 1, 1);
+    /* row 0: -log softmax([1,2,3])[2]; row 1: log 3 */
+    EXPECT0(tg_cross_entropy(logits, targets(2, t)), 1e-14, 0.7531091265562451);
+    tg_tensor *l32 = tg_cross_entropy(T32((2, 3), 1, 2, 3, 1, 1, 1), targets(2, t));
+    EXPECT0(l32, 1e-6, 0.7531091265562451);
+    cr_assert_eq(tg_tensor_dtype(l32), TG_F32);
+    /* equals -mean of the picked log_softmax entries */
+    tg_tensor *ls = tg_log_softmax(logits, 1);
+    double a, b;
+    tg_tensor_get(ls, 2, &a);
+    tg_tensor_get(ls, 3, &b);
+    EXPECT0(tg_cross_entropy(logits, targets(2, t)), 1e-14, -(a + b) / 2);
+}
+
+OPS_TEST(cross_entropy_is_finite_for_huge_logits)
+{
+    const int64_t t[2] = {0, 0};
+    tg_tensor *logits = T64((2, 2), 1e4, 0, 0, 1e4);
+    tg_tensor *l = tg_cross_entropy(logits, targets(2, t));
+    double v = item(l);
+    cr_assert(isfinite(v), "[%s] loss %g", tg_backend_name(cur), v);
+    EXPECT0(l, 1e-12, 5000.0);
+    tg_tensor *l32 = tg_cross_entropy(T32((2, 2), 1e4, 0, 0, 1e4), targets(2, t));
+    v = item(l32);
+    cr_assert(isfinite(v), "[%s] f32 loss %g", tg_backend_name(cur), v);
+    EXPECT0(l32, 1e-6, 5000.0);
+}
+
+OPS_TEST(mse_loss_is_the_mean_squared_difference)
+{
+    EXPECT0(tg_mse_loss(T64((3), 1, 2, 3), T64((3), 1, 0, 5)), 1e-15, 8.0 / 3.0);
+    EXPECT0(tg_mse_loss(T64((2, 2), 1, 2, 3, 4), T64((2, 2), 1, 2, 3, 4)), 1e-15, 0.0);
+    EXPECT0(tg_mse_loss(T32((2), 0.5, -0.5), T32((2), 0, 0)), 1e-7, 0.25);
+    tg_error_clear();
+    cr_assert_null(tg_mse_loss(T64((3), 1, 2, 3), T64((1), 1)));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+}
+
+/* ---- moving and converting */
+
+OPS_TEST(to_device_moves_values_to_the_other_backend)
+{
+    tg_backend other = cur == TG_BACKEND_CPU ? TG_BACKEND_REF : TG_BACKEND_CPU;
+    tg_tensor *x = T64((2, 2), 1, 2, 3, 4);
+    tg_tensor *y = tg_to_device(x, other);
+    cr_assert_not_null(y);
+    cr_assert_eq(tg_tensor_backend(y), other);
+    double v;
+    for (int i = 0; i < 4; i++) {
+        tg_tensor_get(y, i, &v);
+        cr_assert(fabs(v - (i + 1)) < 1e-15, "element %d", i);
+    }
+    /* and back; a strided view is moved in logical order */
+    EXPECT(tg_to_device(y, cur), (2, 2), 1e-15, 1, 2, 3, 4);
+    tg_tensor *t = tg_to_device(tg_transpose(x, 0, 1), other);
+    EXPECT(tg_to_device(t, cur), (2, 2), 1e-15, 1, 3, 2, 4);
+    /* to the same backend: a copy */
+    EXPECT(tg_to_device(x, cur), (2, 2), 1e-15, 1, 2, 3, 4);
+    tg_error_clear();
+    cr_assert_null(tg_to_device(x, (tg_backend)5));
+    cr_assert_eq(tg_last_error(), TG_ERR_DEVICE);
+    tg_error_clear();
+}
+
+OPS_TEST(cast_converts_between_dtypes)
+{
+    tg_tensor *x = T64((3), 1.5, -2.25, 3);
+    tg_tensor *f = tg_cast(x, TG_F32);
+    EXPECT(f, (3), 1e-15, 1.5, -2.25, 3);
+    cr_assert_eq(tg_tensor_dtype(f), TG_F32);
+    tg_tensor *d = tg_cast(T32((2), 0.1, 3), TG_F64);
+    EXPECT(d, (2), 1e-15, (double)0.1f, 3);
+    cr_assert_eq(tg_tensor_dtype(d), TG_F64);
+    /* to i64 truncates toward zero; from i64 is exact */
+    tg_tensor *i = tg_cast(T64((3), 1.7, -2.7, 5), TG_I64);
+    EXPECT(i, (3), 1e-15, 1, -2, 5);
+    cr_assert_eq(tg_tensor_dtype(i), TG_I64);
+    tg_tensor *back = tg_cast(i, TG_F64);
+    EXPECT(back, (3), 1e-15, 1, -2, 5);
+    cr_assert_eq(tg_tensor_dtype(back), TG_F64);
+    /* of a strided view */
+    EXPECT(tg_cast(tg_transpose(T64((2, 2), 1, 2, 3, 4), 0, 1), TG_F32), (2, 2), 1e-15, 1, 3, 2, 4);
+}
+
+/* ---- a few gradients whose rules are documented in ops.h */
+
+OPS_TEST(relu_gradient_is_zero_at_zero)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = T64((3), -1, 0, 2);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    cr_assert_eq(tg_backward(tg_sum(tg_relu(x))), TG_OK, "%s", tg_last_error_message());
+    EXPECT(tg_grad(x), (3), 1e-15, 0, 0, 1);
+    tg_tape_free(tape);
+}
+
+OPS_TEST(max_dim_gradient_goes_to_the_first_maximum)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = T64((2, 3), 1, 5, 5, 7, 7, 7);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    cr_assert_eq(tg_backward(tg_sum(tg_max_dim(x, 1, false))), TG_OK, "%s",
+                 tg_last_error_message());
+    EXPECT(tg_grad(x), (2, 3), 1e-15, 0, 1, 0, 1, 0, 0);
+    tg_tape_free(tape);
+}
+
+OPS_TEST(broadcast_gradients_are_summed_back_to_the_input_shapes)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *col = T64((3, 1), 1, 2, 3);
+    tg_tensor *row = T64((4), 1, 10, 100, 1000);
+    tg_requires_grad(tape, col);
+    tg_requires_grad(tape, row);
+    /* L = sum(col * row): dL/dcol = sum(row), dL/drow = sum(col) */
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(col, row))), TG_OK, "%s", tg_last_error_message());
+    EXPECT(tg_grad(col), (3, 1), 1e-15, 1111, 1111, 1111);
+    EXPECT(tg_grad(row), (4), 1e-15, 6, 6, 6, 6);
+    tg_tape_free(tape);
+}
+
+OPS_TEST(matmul_gradients_match_the_closed_form)
+{
+    /* L = sum(A B): dA = 1 B^T (row sums of B), dB = A^T 1 (column sums of A) */
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *A = T64((2, 3), 1, 2, 3, 4, 5, 6);
+    tg_tensor *B = T64((3, 2), 1, -1, 2, 0.5, 0, 3);
+    tg_requires_grad(tape, A);
+    tg_requires_grad(tape, B);
+    cr_assert_eq(tg_backward(tg_sum(tg_matmul(A, B))), TG_OK, "%s", tg_last_error_message());
+    EXPECT(tg_grad(A), (2, 3), 1e-15, 0, 2.5, 3, 0, 2.5, 3);
+    EXPECT(tg_grad(B), (3, 2), 1e-15, 5, 5, 7, 7, 9, 9);
+    tg_tape_free(tape);
+}
+
+OPS_TEST(cross_entropy_gradient_is_softmax_minus_onehot_over_n)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    const int64_t t[2] = {2, 0};
+    tg_tensor *x = T64((2, 3), 1, 2, 3, 1, 1, 1);
+    tg_requires_grad(tape, x);
+    cr_assert_eq(tg_backward(tg_cross_entropy(x, targets(2, t))), TG_OK, "%s",
+                 tg_last_error_message());
+    EXPECT(tg_grad(x), (2, 3), 1e-14, 0.09003057317038046 / 2, 0.24472847105479767 / 2,
+           (0.6652409557748219 - 1) / 2, (1.0 / 3 - 1) / 2, 1.0 / 6, 1.0 / 6);
+    tg_tape_free(tape);
+}
+
+OPS_TEST(to_device_gradient_moves_back)
+{
+    tg_backend other = cur == TG_BACKEND_CPU ? TG_BACKEND_REF : TG_BACKEND_CPU;
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = T64((2), 1, 2);
+    tg_requires_grad(tape, x);
+    tg_tensor *y = tg_to_device(x, other);
+    cr_assert(tg_tensor_requires_grad(y));
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(y, y))), TG_OK, "%s", tg_last_error_message());
+    EXPECT(tg_grad(x), (2), 1e-15, 2, 4);
+    tg_tape_free(tape);
+}
