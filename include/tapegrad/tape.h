@@ -51,8 +51,8 @@ bool tg_tensor_is_leaf(const tg_tensor *t);
  * them, so a second backward over the same record fails with TG_ERR_STALE.
  * Backward runs with grad recording disabled. */
 tg_status tg_backward(tg_tensor *loss);
-/* Same, seeding d(out) with seed, which must have out's shape, dtype and
- * backend (else TG_ERR_SHAPE, the message naming all three). */
+/* Same, seeding d(out) with seed, which must have out's shape and dtype
+ * (else TG_ERR_SHAPE, the message naming both) and backend (TG_ERR_DEVICE). */
 tg_status tg_backward_seed(tg_tensor *out, const tg_tensor *seed);
 
 /* Borrowed pointer to the accumulated gradient of leaf t; valid until

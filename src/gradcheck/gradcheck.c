@@ -106,7 +106,14 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
         p.w = tg__tensor_empty(y->dtype, y->ndim, y->shape, y->backend);
         if (!p.w) st = TG_ERR_NOMEM;
         else
-            for (int64_t i = 0; i < y->numel; i++) ((double *)tg__tensor_ptr(p.w))[i] = 0.5 + tg_rng_double(&rng);
+            for (int64_t i = 0; i < y->numel; i++) {
+                /* w has y's dtype: an f32 output (e.g. a cast) gets f32 weights. */
+                double wi = 0.5 + tg_rng_double(&rng);
+                if (y->dtype == TG_F32)
+                    ((float *)tg__tensor_ptr(p.w))[i] = (float)wi;
+                else
+                    ((double *)tg__tensor_ptr(p.w))[i] = wi;
+            }
     }
     if (!st && !tg_tensor_requires_grad(y)) {
         /* Output does not depend on any checked input: all gradients are 0. */

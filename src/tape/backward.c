@@ -176,7 +176,11 @@ tg_status tg_backward_seed(tg_tensor *out, const tg_tensor *seed)
     if (st) return st;
     if (!seed) return tg__err_null("backward_seed", 2);
     char a[96], b[96];
-    if (seed->dtype != out->dtype || seed->backend != out->backend ||
+    if (seed->backend != out->backend)
+        return tg__err(TG_ERR_DEVICE, "bad argument #2 to 'backward_seed' (seed on backend '%s', "
+                                      "output on '%s')", tg_backend_name(seed->backend),
+                       tg_backend_name(out->backend));
+    if (seed->dtype != out->dtype ||
         !tg__same_shape(seed->ndim, seed->shape, out->ndim, out->shape))
         return tg__err(TG_ERR_SHAPE, "bad argument #2 to 'backward_seed' (seed %s %s on %s, "
                                      "output %s %s on %s)",

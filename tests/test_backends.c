@@ -1,0 +1,1193 @@
+/* test_backends.c - the ref backend is the oracle for the cpu backend.
+ *
+ * Each case creates its inputs on ref, copies them to cpu (tg_to_device),
+ * runs the op through tg_op_call on both and compares the outputs; for
+ * differentiable ops the inputs are also marked requires_grad (one tape per
+ * backend), backward is seeded with the same random tensor on both, and the
+ * input gradients are compared. Every case runs twice: in f64, and with its
+ * floating inputs cast to f32 (tg_cast). Tolerances, |cpu - ref| <=
+ *   f64: 1e-12 * max(1, |ref|)       (inputs are O(1), so this is relative
+ *                                      error 1e-12 with a floor at magnitude 1)
+ *   f32: 1e-6 * S + 1e-5 * |ref|     (S = max(1, max |ref|) over the tensor:
+ *                                      a norm-wise floor, since sgemm sums in
+ *                                      f32 where ref sums in double)
+ * i64 outputs (argmax) must match exactly.
+ *
+ * The cases: every sample of every op that has one (walking the registry),
+ * explicit cases for the ops without a sample (gt, eq, argmax and the
+ * unmarked fused *_backward ops, also walked from the registry so that a new
+ * one cannot be missed), and larger sizes that take the cpu fast paths:
+ * BLAS gemm (with transposed and row-strided view operands), same-shape,
+ * scalar and row-broadcast elementwise loops, prefix/suffix sums. A view
+ * operand is made on each backend from a copied base tensor (tg_to_device
+ * would make it contiguous), and in backward the base is the leaf, so the
+ * gradient also flows through the recorded permute. */
+#include <criterion/criterion.h>
+#include <tapegrad.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define TG_TEST_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TG_TEST_LSAN 1
+#endif
+#endif
+#ifdef TG_TEST_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
+#define F64_RTOL 1e-12
+#define F32_ATOL 1e-6
+#define F32_RTOL 1e-5
+#define MAX_CASES 64
+
+typedef enum prec { PREC_F64, PREC_F32 } prec;
+static const char *const prec_names[2] = {"f64", "f32"};
+
+/* Worst error seen, as a fraction of the allowed error, per precision:
+ * logged so the margin of each tolerance is visible. */
+static double worst_ratio[2];
+
+/* Every test ends here: tensor storage is back where the test started and,
+ * in sanitizer builds, LeakSanitizer finds nothing unreachable. (Criterion
+ * does not fail a test for a leak reported when its worker exits, so the
+ * check runs now.) */
+static void expect_no_leaks(size_t mem0)
+{
+    size_t now = tg_mem_current_bytes();
+    cr_expect_eq(now, mem0, "tensor storage: %zu bytes at the start, %zu at the end", mem0, now);
+#ifdef TG_TEST_LSAN
+    cr_expect_eq(__lsan_do_recoverable_leak_check(), 0, "LeakSanitizer found leaks (report above)");
+#endif
+}
+
+static bool is_float(tg_dtype dt)
+{
+    return dt == TG_F32 || dt == TG_F64;
+}
+
+/* scale is max(1, max |ref|) over the tensor: f32 kernels may accumulate in
+ * f32 (BLAS sgemm) where ref accumulates in double, so an entry that
+ * cancels to near 0 carries an absolute error of the size of the terms
+ * summed, not of the result. */
+static double allowed(double want, double scale, prec p)
+{
+    return p == PREC_F64 ? F64_RTOL * fmax(1.0, fabs(want))
+                         : F32_ATOL * scale + F32_RTOL * fabs(want);
+}
+
+/* Compares got (cpu) with want (ref): dtype, shape, then every element.
+ * One expectation per tensor, naming what and the first mismatch. */
+static bool compare(const tg_tensor *got, const tg_tensor *want, prec p, const char *what)
+{
+    char s1[96], s2[96];
+    cr_expect(got != NULL && want != NULL, "%s: missing tensor", what);
+    if (!got || !want) return false;
+    tg_dtype dt = tg_tensor_dtype(want);
+    int nd = tg_tensor_ndim(want);
+    bool same_shape =
+        tg_tensor_ndim(got) == nd &&
+        memcmp(tg_tensor_shape(got), tg_tensor_shape(want), (size_t)nd * sizeof(int64_t)) == 0;
+    cr_expect(same_shape && tg_tensor_dtype(got) == dt, "%s: cpu gives %s %s, ref %s %s", what,
+              tg_dtype_name(tg_tensor_dtype(got)),
+              tg_shape_str(tg_tensor_ndim(got), tg_tensor_shape(got), s1, sizeof s1),
+              tg_dtype_name(dt), tg_shape_str(nd, tg_tensor_shape(want), s2, sizeof s2));
+    if (!same_shape || tg_tensor_dtype(got) != dt) return false;
+    int64_t n = tg_tensor_numel(want), bad = 0, first = -1;
+    double max_err = 0.0, gv0 = 0.0, wv0 = 0.0;
+    if (dt == TG_I64) {
+        size_t nb = (size_t)(n ? n : 1) * sizeof(int64_t);
+        int64_t *g = malloc(nb), *w = malloc(nb);
+        cr_assert(g && w);
+        cr_assert_eq(tg_tensor_copy_out(got, g, nb), TG_OK);
+        cr_assert_eq(tg_tensor_copy_out(want, w, nb), TG_OK);
+        for (int64_t i = 0; i < n; i++)
+            if (g[i] != w[i]) {
+                if (first < 0) first = i, gv0 = (double)g[i], wv0 = (double)w[i];
+                bad++;
+            }
+        free(g);
+        free(w);
+        cr_expect_eq(bad, 0, "%s: %lld of %lld indices differ, first at %lld: cpu %g, ref %g", what,
+                     (long long)bad, (long long)n, (long long)first, gv0, wv0);
+        return bad == 0;
+    }
+    double *gv = malloc((size_t)(n ? n : 1) * sizeof *gv);
+    double *wv = malloc((size_t)(n ? n : 1) * sizeof *wv);
+    cr_assert(gv && wv);
+    double scale = 1.0;
+    for (int64_t i = 0; i < n; i++) {
+        cr_assert_eq(tg_tensor_get(got, i, &gv[i]), TG_OK);
+        cr_assert_eq(tg_tensor_get(want, i, &wv[i]), TG_OK);
+        scale = fmax(scale, fabs(wv[i]));
+    }
+    for (int64_t i = 0; i < n; i++) {
+        double g = gv[i], w = wv[i];
+        double err = fabs(g - w), tol = allowed(w, scale, p);
+        if (!(err <= tol)) { /* NaN fails too */
+            if (first < 0) first = i, gv0 = g, wv0 = w;
+            bad++;
+        }
+        if (err > max_err || isnan(err)) max_err = isnan(err) ? INFINITY : err;
+        double ratio = isnan(err) ? INFINITY : err / tol;
+        if (ratio > worst_ratio[p]) worst_ratio[p] = ratio;
+    }
+    free(gv);
+    free(wv);
+    cr_expect_eq(bad, 0,
+                 "%s: %lld of %lld elements differ beyond %s tolerance (max abs err "
+                 "%.3g), first at %lld: cpu %.17g, ref %.17g",
+                 what, (long long)bad, (long long)n, prec_names[p], max_err, (long long)first, gv0,
+                 wv0);
+    return bad == 0;
+}
+
+/* An optional view applied to an input on each backend: tg_permute(perm). */
+typedef struct view_spec {
+    int n; /* 0: no view */
+    int perm[TG_MAX_DIMS];
+} view_spec;
+
+static void release_all(tg_tensor **t, int n)
+{
+    for (int i = 0; i < n; i++) {
+        tg_tensor_release(t[i]);
+        t[i] = NULL;
+    }
+}
+
+/* Per-test counters. */
+static int cases_run;
+
+/* Runs op on inputs made from base (on ref, not modified) on both backends
+ * in precision p, and compares outputs and, if backward, input gradients.
+ * views (may be NULL) turns inputs into strided views on each side. */
+static void run_case_prec(const tg_op *op, const char *label, int n, tg_tensor *const *base,
+                          const view_spec *views, const tg_op_attrs *attrs, bool backward, prec p)
+{
+    char what[256];
+    tg_tensor *leaf[2][TG_OP_MAX_INPUTS] = {{0}}, *in[2][TG_OP_MAX_INPUTS] = {{0}};
+    tg_tensor *out[2] = {0}, *seed[2] = {0}, *seed_base = NULL;
+    tg_tape *tape[2] = {0};
+    const tg_backend be[2] = {TG_BACKEND_REF, TG_BACKEND_CPU};
+    bool is_to_device = strcmp(op->name, "to_device") == 0;
+    tg_op_attrs at[2] = {*attrs, *attrs};
+    /* to_device's attrs name the source backend (for its backward). */
+    if (is_to_device) at[1].flag = TG_BACKEND_CPU;
+
+    tg_error_clear();
+    for (int i = 0; i < n; i++) {
+        tg_tensor *b = base[i];
+        leaf[0][i] = (p == PREC_F32 && is_float(tg_tensor_dtype(b))) ? tg_cast(b, TG_F32)
+                                                                     : tg_to_device(b, be[0]);
+        leaf[1][i] = leaf[0][i] ? tg_to_device(leaf[0][i], be[1]) : NULL;
+        cr_assert(leaf[0][i] && leaf[1][i], "%s [%s]: copying input %d: %s", label, prec_names[p],
+                  i, tg_last_error_message());
+        cr_assert_eq(tg_tensor_backend(leaf[1][i]), TG_BACKEND_CPU);
+    }
+    for (int s = 0; s < 2 && backward; s++) {
+        tape[s] = tg_tape_new(NULL);
+        cr_assert(tape[s] != NULL);
+        for (int i = 0; i < n; i++)
+            if (is_float(tg_tensor_dtype(leaf[s][i])))
+                cr_assert_eq(tg_requires_grad(tape[s], leaf[s][i]), TG_OK, "%s",
+                             tg_last_error_message());
+    }
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < n; i++) {
+            if (views && views[i].n) {
+                in[s][i] = tg_permute(leaf[s][i], views[i].n, views[i].perm);
+                cr_assert(in[s][i] != NULL, "%s: view of input %d: %s", label, i,
+                          tg_last_error_message());
+                cr_assert(!tg_tensor_is_contiguous(in[s][i]) || tg_tensor_numel(in[s][i]) <= 1,
+                          "%s: view of input %d is contiguous: the case tests nothing", label, i);
+            } else {
+                in[s][i] = tg_tensor_retain(leaf[s][i]);
+            }
+        }
+
+    for (int s = 0; s < 2; s++) {
+        tg_error_clear();
+        out[s] = tg_op_call(op, n, in[s], &at[s]);
+        cr_expect(out[s] != NULL, "%s [%s] on %s: %s (%s)", label, prec_names[p],
+                  tg_backend_name(be[s]), tg_strerror(tg_last_error()), tg_last_error_message());
+    }
+    if (out[0] && out[1]) {
+        for (int s = 0; s < 2; s++) {
+            tg_backend want = is_to_device ? (tg_backend)at[s].target : be[s];
+            cr_expect_eq(tg_tensor_backend(out[s]), want, "%s [%s]: output of the %s run is on %s",
+                         label, prec_names[p], tg_backend_name(be[s]),
+                         tg_backend_name(tg_tensor_backend(out[s])));
+        }
+        snprintf(what, sizeof what, "%s [%s] output", label, prec_names[p]);
+        compare(out[1], out[0], p, what);
+    }
+
+    if (backward && out[0] && out[1]) {
+        for (int s = 0; s < 2; s++)
+            cr_expect(tg_tensor_requires_grad(out[s]), "%s [%s] on %s: output is not tracked",
+                      label, prec_names[p], tg_backend_name(be[s]));
+        tg_rng rng;
+        tg_rng_seed(&rng, 0xbac4u);
+        tg_backend prev = tg_set_default_backend(TG_BACKEND_REF);
+        seed_base = tg_rand_normal(&rng, tg_tensor_dtype(out[0]), tg_tensor_ndim(out[0]),
+                                   tg_tensor_shape(out[0]), 0.0, 1.0);
+        tg_set_default_backend(prev);
+        cr_assert(seed_base != NULL, "%s", tg_last_error_message());
+        for (int s = 0; s < 2; s++) {
+            seed[s] = tg_to_device(seed_base, tg_tensor_backend(out[s]));
+            cr_assert(seed[s] != NULL, "%s", tg_last_error_message());
+            tg_error_clear();
+            tg_status st = tg_backward_seed(out[s], seed[s]);
+            cr_expect_eq(st, TG_OK, "%s [%s] backward on %s: %s (%s)", label, prec_names[p],
+                         tg_backend_name(be[s]), tg_strerror(st), tg_last_error_message());
+        }
+        for (int i = 0; i < n; i++) {
+            if (!is_float(tg_tensor_dtype(leaf[0][i]))) continue;
+            tg_tensor *g[2];
+            for (int s = 0; s < 2; s++) {
+                tg_error_clear();
+                g[s] = tg_grad(leaf[s][i]);
+                cr_expect(g[s] != NULL, "%s [%s] on %s: no gradient for input %d: %s", label,
+                          prec_names[p], tg_backend_name(be[s]), i, tg_last_error_message());
+                if (g[s])
+                    cr_expect_eq(tg_tensor_backend(g[s]), be[s],
+                                 "%s [%s]: gradient of input %d "
+                                 "of the %s run is on %s",
+                                 label, prec_names[p], i, tg_backend_name(be[s]),
+                                 tg_backend_name(tg_tensor_backend(g[s])));
+            }
+            if (g[0] && g[1]) {
+                snprintf(what, sizeof what, "%s [%s] gradient of input %d", label, prec_names[p],
+                         i);
+                compare(g[1], g[0], p, what);
+            }
+        }
+    }
+
+    for (int s = 0; s < 2; s++) {
+        tg_tensor_release(seed[s]);
+        tg_tensor_release(out[s]);
+        release_all(in[s], n);
+        release_all(leaf[s], n);
+        tg_tape_free(tape[s]);
+    }
+    tg_tensor_release(seed_base);
+    tg_error_clear();
+}
+
+static void run_case(const tg_op *op, const char *label, int n, tg_tensor *const *base,
+                     const view_spec *views, const tg_op_attrs *attrs, bool backward)
+{
+    run_case_prec(op, label, n, base, views, attrs, backward, PREC_F64);
+    run_case_prec(op, label, n, base, views, attrs, backward, PREC_F32);
+    cases_run++;
+}
+
+static void log_margins(const char *test)
+{
+    cr_log_info("%s: %d cases; worst error / tolerance: f64 %.3g, f32 %.3g", test, cases_run,
+                worst_ratio[PREC_F64], worst_ratio[PREC_F32]);
+}
+
+/* ---- Every op with gradcheck cases. */
+Test(backends, every_sampled_op_gives_the_same_outputs_and_gradients_on_cpu_as_on_ref)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_set_default_backend(TG_BACKEND_REF);
+    int nops = 0, nsampled = 0;
+    for (int i = 0; i < tg_op_count(); i++) {
+        const tg_op *op = tg_op_at(i);
+        if (!op->sample) continue;
+        nsampled++;
+        int k;
+        for (k = 0; k < MAX_CASES; k++) {
+            tg_tensor *in[TG_OP_MAX_INPUTS] = {0};
+            tg_op_attrs attrs;
+            memset(&attrs, 0, sizeof attrs);
+            tg_rng rng;
+            tg_rng_seed(&rng, 31u + (uint64_t)k);
+            tg_error_clear();
+            int n = op->sample(k, &rng, in, &attrs);
+            if (n == 0) break;
+            cr_expect_eq(n, op->arity, "op '%s' case %d: sample returned %d: %s", op->name, k, n,
+                         tg_last_error_message());
+            if (n != op->arity) {
+                release_all(in, TG_OP_MAX_INPUTS);
+                break;
+            }
+            for (int j = 0; j < n; j++)
+                cr_assert(in[j] && tg_tensor_backend(in[j]) == TG_BACKEND_REF,
+                          "op '%s' case %d: input %d is not on ref", op->name, k, j);
+            char label[96];
+            snprintf(label, sizeof label, "op '%s' case %d", op->name, k);
+            run_case(op, label, n, in, NULL, &attrs, tg_op_mark(op) == TG_AD_BACKWARD);
+            release_all(in, n);
+        }
+        cr_expect_lt(k, MAX_CASES, "op '%s': sample never returns 0", op->name);
+        cr_expect_gt(k, 0, "op '%s' has a sample but no cases", op->name);
+        nops++;
+    }
+    cr_expect_eq(nops, nsampled);
+    cr_expect_geq(nops, 29, "only %d ops have samples", nops);
+    log_margins("sampled ops");
+    cr_log_info("sampled ops: %d ops compared", nops);
+    expect_no_leaks(mem0);
+}
+
+/* ---- Explicit cases, described by data. */
+typedef enum dkind {
+    D_UNIFORM,     /* f64 uniform in [lo, hi) */
+    D_NORMAL,      /* f64 N(lo, hi^2) */
+    D_AWAY,        /* f64 |x| in [lo, hi), random sign */
+    D_DISTINCT,    /* f64, entries at least 0.05 apart (max, argmax) */
+    D_TIES,        /* f64 multiples of 0.5 in [-2, 2]: many equal entries */
+    D_TIES_I64,    /* i64 in [-2, 2] */
+    D_TARGETS,     /* i64 class indices in [0, hi) */
+    D_SOFTMAX,     /* softmax(N(0,1), dim) */
+    D_LOG_SOFTMAX, /* log_softmax(N(0,1), dim) */
+    D_ARGMAX,      /* argmax(D_DISTINCT of shape, dim) (i64, dim dropped) */
+} dkind;
+
+typedef struct din {
+    dkind kind;
+    int ndim;
+    int64_t shape[4];
+    double lo, hi;
+    int dim;
+    view_spec view;
+} din;
+
+typedef struct bcase {
+    const char *op;
+    const char *label;
+    int n;
+    din in[TG_OP_MAX_INPUTS];
+    tg_op_attrs attrs;
+} bcase;
+
+static tg_tensor *from_doubles(int ndim, const int64_t *shape, const double *v, int64_t n,
+                               tg_dtype dt)
+{
+    if (dt == TG_F64) return tg_tensor_from_data(TG_F64, ndim, shape, v);
+    int64_t *iv = malloc((size_t)(n ? n : 1) * sizeof *iv);
+    cr_assert(iv != NULL);
+    for (int64_t i = 0; i < n; i++)
+        iv[i] = (int64_t)v[i];
+    tg_tensor *t = tg_tensor_from_data(TG_I64, ndim, shape, iv);
+    free(iv);
+    return t;
+}
+
+/* Builds one input on the default backend (ref). */
+static tg_tensor *make_input(const din *d, tg_rng *rng)
+{
+    int64_t n = 1;
+    for (int i = 0; i < d->ndim; i++)
+        n *= d->shape[i];
+    switch (d->kind) {
+    case D_UNIFORM:
+        return tg_rand_uniform(rng, TG_F64, d->ndim, d->shape, d->lo, d->hi);
+    case D_NORMAL:
+        return tg_rand_normal(rng, TG_F64, d->ndim, d->shape, d->lo, d->hi);
+    case D_SOFTMAX:
+    case D_LOG_SOFTMAX: {
+        tg_tensor *x = tg_rand_normal(rng, TG_F64, d->ndim, d->shape, 0.0, 1.0);
+        tg_tensor *y = d->kind == D_SOFTMAX ? tg_softmax(x, d->dim) : tg_log_softmax(x, d->dim);
+        tg_tensor_release(x);
+        return y;
+    }
+    default:
+        break;
+    }
+    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    cr_assert(v != NULL);
+    tg_dtype dt = TG_F64;
+    for (int64_t i = 0; i < n; i++) {
+        double u = tg_rng_double(rng);
+        switch (d->kind) {
+        case D_AWAY:
+            v[i] = (d->lo + (d->hi - d->lo) * u) * ((tg_rng_next(rng) & 1) ? -1 : 1);
+            break;
+        case D_TIES:
+            v[i] = floor(u * 9.0) * 0.5 - 2.0;
+            break;
+        case D_TIES_I64:
+            v[i] = floor(u * 5.0) - 2.0;
+            dt = TG_I64;
+            break;
+        case D_TARGETS:
+            v[i] = floor(u * d->hi);
+            dt = TG_I64;
+            break;
+        default:
+            v[i] = ((double)i - (double)n / 2) * 0.1 + 0.02 * u;
+            break; /* distinct */
+        }
+    }
+    if (d->kind == D_DISTINCT || d->kind == D_ARGMAX)
+        for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
+            int64_t j = (int64_t)(tg_rng_next(rng) % (uint64_t)(i + 1));
+            double t = v[i];
+            v[i] = v[j];
+            v[j] = t;
+        }
+    tg_tensor *t = from_doubles(d->ndim, d->shape, v, n, dt);
+    free(v);
+    if (d->kind == D_ARGMAX && t) {
+        tg_tensor *idx = tg_argmax(t, d->dim, false);
+        tg_tensor_release(t);
+        t = idx;
+    }
+    return t;
+}
+
+/* Runs each case of the table; backward when the op is differentiable. */
+static void run_table(const bcase *cases, int ncases)
+{
+    tg_set_default_backend(TG_BACKEND_REF);
+    for (int c = 0; c < ncases; c++) {
+        const bcase *bc = &cases[c];
+        tg_error_clear();
+        const tg_op *op = tg_op_find(bc->op);
+        cr_expect(op != NULL, "case '%s': %s", bc->label, tg_last_error_message());
+        if (!op) continue;
+        cr_expect_eq(bc->n, op->arity, "case '%s': %d inputs for '%s'", bc->label, bc->n, op->name);
+        if (bc->n != op->arity) continue;
+        tg_rng rng;
+        tg_rng_seed(&rng, 1000u + (uint64_t)c);
+        tg_tensor *in[TG_OP_MAX_INPUTS] = {0};
+        view_spec views[TG_OP_MAX_INPUTS];
+        for (int i = 0; i < bc->n; i++) {
+            in[i] = make_input(&bc->in[i], &rng);
+            cr_assert(in[i] != NULL, "case '%s' input %d: %s", bc->label, i,
+                      tg_last_error_message());
+            views[i] = bc->in[i].view;
+        }
+        char label[160];
+        snprintf(label, sizeof label, "%s: %s", op->name, bc->label);
+        run_case(op, label, bc->n, in, views, &bc->attrs, tg_op_mark(op) == TG_AD_BACKWARD);
+        release_all(in, bc->n);
+    }
+}
+
+#define NCASES(t) ((int)(sizeof(t) / sizeof((t)[0])))
+#define U(lo_, hi_, nd, ...)                                                                       \
+    {                                                                                              \
+        .kind = D_UNIFORM, .ndim = nd, .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_                \
+    }
+#define N01(nd, ...)                                                                               \
+    {                                                                                              \
+        .kind = D_NORMAL, .ndim = nd, .shape = {__VA_ARGS__}, .lo = 0.0, .hi = 1.0                 \
+    }
+#define AWAY(nd, ...)                                                                              \
+    {                                                                                              \
+        .kind = D_AWAY, .ndim = nd, .shape = {__VA_ARGS__}, .lo = 0.5, .hi = 2.0                   \
+    }
+#define T_(kind_, nd, ...)                                                                         \
+    {                                                                                              \
+        .kind = kind_, .ndim = nd, .shape = { __VA_ARGS__ }                                        \
+    }
+#define TRANSPOSED(lo_, hi_, nd, ...)                                                              \
+    {                                                                                              \
+        .kind = D_UNIFORM, .ndim = nd, .shape = {__VA_ARGS__}, .lo = lo_, .hi = hi_, .view = {     \
+            .n = nd,                                                                               \
+            .perm = TRANSPOSE_PERM_##nd                                                            \
+        }                                                                                          \
+    }
+#define TRANSPOSE_PERM_2                                                                           \
+    {                                                                                              \
+        1, 0                                                                                       \
+    }
+#define TRANSPOSE_PERM_3                                                                           \
+    {                                                                                              \
+        0, 2, 1                                                                                    \
+    }
+
+/* ---- Ops without a sample: comparisons and argmax. */
+Test(backends, comparisons_and_argmax_give_the_same_results_on_cpu_as_on_ref)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const bcase cases[] = {
+        {.op = "gt",
+         .label = "(3,4) > (4) with ties",
+         .n = 2,
+         .in = {T_(D_TIES, 2, 3, 4), T_(D_TIES, 1, 4)}},
+        {.op = "gt",
+         .label = "(40,25) > (40,25)",
+         .n = 2,
+         .in = {T_(D_TIES, 2, 40, 25), T_(D_TIES, 2, 40, 25)}},
+        {.op = "gt",
+         .label = "(1000) > scalar",
+         .n = 2,
+         .in = {T_(D_TIES, 1, 1000), T_(D_TIES, 0, 0)}},
+        {.op = "gt",
+         .label = "(40,1) > (1,25)",
+         .n = 2,
+         .in = {T_(D_TIES, 2, 40, 1), T_(D_TIES, 2, 1, 25)}},
+        {.op = "gt",
+         .label = "i64 (5,6) > (6)",
+         .n = 2,
+         .in = {T_(D_TIES_I64, 2, 5, 6), T_(D_TIES_I64, 1, 6)}},
+        {.op = "eq",
+         .label = "(3,4) == (4) with ties",
+         .n = 2,
+         .in = {T_(D_TIES, 2, 3, 4), T_(D_TIES, 1, 4)}},
+        {.op = "eq",
+         .label = "(40,25) == (25)",
+         .n = 2,
+         .in = {T_(D_TIES, 2, 40, 25), T_(D_TIES, 1, 25)}},
+        {.op = "eq",
+         .label = "scalar == (1000)",
+         .n = 2,
+         .in = {T_(D_TIES, 0, 0), T_(D_TIES, 1, 1000)}},
+        {.op = "eq",
+         .label = "i64 (7) == (3,7)",
+         .n = 2,
+         .in = {T_(D_TIES_I64, 1, 7), T_(D_TIES_I64, 2, 3, 7)}},
+        {.op = "argmax",
+         .label = "(5,7) dim 1",
+         .n = 1,
+         .in = {T_(D_DISTINCT, 2, 5, 7)},
+         .attrs = {.nints = 1, .ints = {1}}},
+        {.op = "argmax",
+         .label = "(5,7) dim 0 keepdim",
+         .n = 1,
+         .in = {T_(D_DISTINCT, 2, 5, 7)},
+         .attrs = {.nints = 1, .ints = {0}, .flag = 1}},
+        {.op = "argmax",
+         .label = "(2,3,4) dim -1",
+         .n = 1,
+         .in = {T_(D_DISTINCT, 3, 2, 3, 4)},
+         .attrs = {.nints = 1, .ints = {-1}}},
+        {.op = "argmax",
+         .label = "(6,9) ties dim 1 (first maximum)",
+         .n = 1,
+         .in = {T_(D_TIES, 2, 6, 9)},
+         .attrs = {.nints = 1, .ints = {1}}},
+        {.op = "argmax",
+         .label = "(64,50) dim 0",
+         .n = 1,
+         .in = {T_(D_DISTINCT, 2, 64, 50)},
+         .attrs = {.nints = 1, .ints = {0}}},
+        {.op = "argmax",
+         .label = "(16,32,8) dim 1",
+         .n = 1,
+         .in = {T_(D_DISTINCT, 3, 16, 32, 8)},
+         .attrs = {.nints = 1, .ints = {1}}},
+    };
+    run_table(cases, NCASES(cases));
+    /* These ops need explicit cases because they have no sample. */
+    static const char *const names[] = {"gt", "eq", "argmax"};
+    for (int i = 0; i < 3; i++) {
+        tg_error_clear();
+        const tg_op *op = tg_op_find(names[i]);
+        cr_assert(op != NULL, "%s", tg_last_error_message());
+        cr_expect_eq(tg_op_mark(op), TG_AD_NONDIFFERENTIABLE, "op '%s' is marked '%s'", op->name,
+                     tg_ad_mark_name(tg_op_mark(op)));
+    }
+    for (int i = 0; i < tg_op_count(); i++) {
+        const tg_op *op = tg_op_at(i);
+        if (tg_op_mark(op) != TG_AD_NONDIFFERENTIABLE || op->sample) continue;
+        bool known = false;
+        for (int j = 0; j < 3; j++)
+            known |= strcmp(names[j], op->name) == 0;
+        if (!known)
+            cr_log_info("non-differentiable op '%s' has no sample and no cpu/ref case here",
+                        op->name);
+    }
+    log_margins("comparisons");
+    expect_no_leaks(mem0);
+}
+
+/* ---- The fused backward ops (unmarked): small and large, each of them. */
+static const bcase fused_cases[] = {
+    {.op = "exp_backward", .label = "(3,4)", .n = 2, .in = {U(0.1, 3.0, 2, 3, 4), N01(2, 3, 4)}},
+    {.op = "exp_backward", .label = "(1000)", .n = 2, .in = {U(0.1, 3.0, 1, 1000), N01(1, 1000)}},
+    {.op = "log_backward", .label = "(3,4)", .n = 2, .in = {U(0.2, 3.0, 2, 3, 4), N01(2, 3, 4)}},
+    {.op = "log_backward", .label = "(1000)", .n = 2, .in = {U(0.2, 3.0, 1, 1000), N01(1, 1000)}},
+    {.op = "sqrt_backward", .label = "(3,4)", .n = 2, .in = {U(0.2, 3.0, 2, 3, 4), N01(2, 3, 4)}},
+    {.op = "sqrt_backward",
+     .label = "(40,25)",
+     .n = 2,
+     .in = {U(0.2, 3.0, 2, 40, 25), N01(2, 40, 25)}},
+    {.op = "tanh_backward",
+     .label = "(3,4)",
+     .n = 2,
+     .in = {U(-0.95, 0.95, 2, 3, 4), N01(2, 3, 4)}},
+    {.op = "tanh_backward",
+     .label = "(1000)",
+     .n = 2,
+     .in = {U(-0.95, 0.95, 1, 1000), N01(1, 1000)}},
+    {.op = "sigmoid_backward",
+     .label = "(3,4)",
+     .n = 2,
+     .in = {U(0.05, 0.95, 2, 3, 4), N01(2, 3, 4)}},
+    {.op = "sigmoid_backward",
+     .label = "(1000)",
+     .n = 2,
+     .in = {U(0.05, 0.95, 1, 1000), N01(1, 1000)}},
+    {.op = "relu_backward", .label = "(3,4)", .n = 2, .in = {AWAY(2, 3, 4), N01(2, 3, 4)}},
+    {.op = "relu_backward", .label = "(1000)", .n = 2, .in = {AWAY(1, 1000), N01(1, 1000)}},
+    {.op = "pow_backward",
+     .label = "(3,4) p = 2.5",
+     .n = 2,
+     .in = {U(0.3, 2.0, 2, 3, 4), N01(2, 3, 4)},
+     .attrs = {.scalar = 2.5}},
+    {.op = "pow_backward",
+     .label = "(1000) p = -1.5",
+     .n = 2,
+     .in = {U(0.3, 2.0, 1, 1000), N01(1, 1000)},
+     .attrs = {.scalar = -1.5}},
+    {.op = "max_dim_backward",
+     .label = "(4,5) dim 1",
+     .n = 2,
+     .in = {{.kind = D_ARGMAX, .ndim = 2, .shape = {4, 5}, .dim = 1}, N01(1, 4)},
+     .attrs = {.nints = 2, .ints = {4, 5}, .target = 1}},
+    {.op = "max_dim_backward",
+     .label = "(50,40) dim 0",
+     .n = 2,
+     .in = {{.kind = D_ARGMAX, .ndim = 2, .shape = {50, 40}, .dim = 0}, N01(1, 40)},
+     .attrs = {.nints = 2, .ints = {50, 40}, .target = 0}},
+    {.op = "max_dim_backward",
+     .label = "(6,7,8) dim 1",
+     .n = 2,
+     .in = {{.kind = D_ARGMAX, .ndim = 3, .shape = {6, 7, 8}, .dim = 1}, N01(2, 6, 8)},
+     .attrs = {.nints = 3, .ints = {6, 7, 8}, .target = 1}},
+    {.op = "softmax_backward",
+     .label = "(3,5) dim 1",
+     .n = 2,
+     .in = {{.kind = D_SOFTMAX, .ndim = 2, .shape = {3, 5}, .dim = 1}, N01(2, 3, 5)},
+     .attrs = {.nints = 1, .ints = {1}}},
+    {.op = "softmax_backward",
+     .label = "(32,100) dim 0",
+     .n = 2,
+     .in = {{.kind = D_SOFTMAX, .ndim = 2, .shape = {32, 100}, .dim = 0}, N01(2, 32, 100)},
+     .attrs = {.nints = 1, .ints = {0}}},
+    {.op = "log_softmax_backward",
+     .label = "(3,5) dim -1",
+     .n = 2,
+     .in = {{.kind = D_LOG_SOFTMAX, .ndim = 2, .shape = {3, 5}, .dim = -1}, N01(2, 3, 5)},
+     .attrs = {.nints = 1, .ints = {-1}}},
+    {.op = "log_softmax_backward",
+     .label = "(8,16,12) dim 1",
+     .n = 2,
+     .in = {{.kind = D_LOG_SOFTMAX, .ndim = 3, .shape = {8, 16, 12}, .dim = 1}, N01(3, 8, 16, 12)},
+     .attrs = {.nints = 1, .ints = {1}}},
+    {.op = "cross_entropy_backward",
+     .label = "(4,3)",
+     .n = 3,
+     .in = {{.kind = D_LOG_SOFTMAX, .ndim = 2, .shape = {4, 3}, .dim = 1},
+            {.kind = D_TARGETS, .ndim = 1, .shape = {4}, .hi = 3},
+            U(0.5, 1.5, 0, 0)}},
+    {.op = "cross_entropy_backward",
+     .label = "(64,10)",
+     .n = 3,
+     .in = {{.kind = D_LOG_SOFTMAX, .ndim = 2, .shape = {64, 10}, .dim = 1},
+            {.kind = D_TARGETS, .ndim = 1, .shape = {64}, .hi = 10},
+            U(0.5, 1.5, 0, 0)}},
+};
+
+Test(backends, fused_backward_ops_give_the_same_results_on_cpu_as_on_ref)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    run_table(fused_cases, NCASES(fused_cases));
+    /* Each fused built-in is unmarked and has a small and a large case. An
+     * unmarked op of a later family without a case here is compared only
+     * through the backward of the op that calls it: say so in the log. */
+    static const char *const fused[] = {
+        "exp_backward",     "log_backward",         "sqrt_backward",          "tanh_backward",
+        "sigmoid_backward", "relu_backward",        "pow_backward",           "max_dim_backward",
+        "softmax_backward", "log_softmax_backward", "cross_entropy_backward",
+    };
+    for (int j = 0; j < NCASES(fused); j++) {
+        tg_error_clear();
+        const tg_op *op = tg_op_find(fused[j]);
+        cr_expect(op != NULL, "fused op '%s' missing: %s", fused[j], tg_last_error_message());
+        if (op)
+            cr_expect_eq(tg_op_mark(op), TG_AD_UNMARKED, "fused op '%s' is marked '%s'", op->name,
+                         tg_ad_mark_name(tg_op_mark(op)));
+    }
+    for (int i = 0; i < tg_op_count(); i++) {
+        const tg_op *op = tg_op_at(i);
+        if (tg_op_mark(op) != TG_AD_UNMARKED || op->sample) continue;
+        int n = 0;
+        for (int c = 0; c < NCASES(fused_cases); c++)
+            n += strcmp(fused_cases[c].op, op->name) == 0;
+        bool builtin = false;
+        for (int j = 0; j < NCASES(fused); j++)
+            builtin |= strcmp(fused[j], op->name) == 0;
+        if (builtin)
+            cr_expect_geq(n, 2, "unmarked op '%s' has %d cpu/ref cases (want small and large)",
+                          op->name, n);
+        else if (n == 0)
+            cr_log_info("unmarked op '%s' has no explicit cpu/ref case here; it is compared "
+                        "only through the backward that calls it",
+                        op->name);
+    }
+    log_margins("fused backward ops");
+    expect_no_leaks(mem0);
+}
+
+/* ---- Larger sizes: the cpu fast paths. */
+Test(backends, large_matmuls_through_blas_match_ref_including_transposed_and_strided_views)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const bcase cases[] = {
+        {.op = "matmul",
+         .label = "(64,48) @ (48,32)",
+         .n = 2,
+         .in = {U(-1, 1, 2, 64, 48), U(-1, 1, 2, 48, 32)}},
+        {.op = "matmul",
+         .label = "transpose((48,64)) @ (48,32)",
+         .n = 2,
+         .in = {TRANSPOSED(-1, 1, 2, 48, 64), U(-1, 1, 2, 48, 32)}},
+        {.op = "matmul",
+         .label = "(64,48) @ transpose((32,48))",
+         .n = 2,
+         .in = {U(-1, 1, 2, 64, 48), TRANSPOSED(-1, 1, 2, 32, 48)}},
+        {.op = "matmul",
+         .label = "transpose((48,64)) @ transpose((32,48))",
+         .n = 2,
+         .in = {TRANSPOSED(-1, 1, 2, 48, 64), TRANSPOSED(-1, 1, 2, 32, 48)}},
+        {.op = "matmul",
+         .label = "batched transpose((4,16,8)) @ (16,12)",
+         .n = 2,
+         .in = {TRANSPOSED(-1, 1, 3, 4, 16, 8), U(-1, 1, 2, 16, 12)}},
+        {.op = "matmul",
+         .label = "row-strided permute((8,4,16), 1,0,2) @ (4,16,12)",
+         .n = 2,
+         .in = {{.kind = D_UNIFORM,
+                 .ndim = 3,
+                 .shape = {8, 4, 16},
+                 .lo = -1,
+                 .hi = 1,
+                 .view = {.n = 3, .perm = {1, 0, 2}}},
+                U(-1, 1, 3, 4, 16, 12)}},
+        {.op = "matmul",
+         .label = "non-gemm layout permute((8,16,4), 2,0,1) @ (4,8,12)",
+         .n = 2,
+         .in = {{.kind = D_UNIFORM,
+                 .ndim = 3,
+                 .shape = {8, 16, 4},
+                 .lo = -1,
+                 .hi = 1,
+                 .view = {.n = 3, .perm = {2, 0, 1}}},
+                U(-1, 1, 3, 4, 16, 12)}},
+        {.op = "matmul",
+         .label = "broadcast batch (3,1,20,30) @ (5,30,10)",
+         .n = 2,
+         .in = {U(-1, 1, 4, 3, 1, 20, 30), U(-1, 1, 3, 5, 30, 10)}},
+        {.op = "matmul",
+         .label = "(1,48) @ (48,1)",
+         .n = 2,
+         .in = {U(-1, 1, 2, 1, 48), U(-1, 1, 2, 48, 1)}},
+        {.op = "matmul",
+         .label = "transposed-batch permute((16,4,8), 1,2,0) @ (4,16,12)",
+         .n = 2,
+         .in = {{.kind = D_UNIFORM,
+                 .ndim = 3,
+                 .shape = {16, 4, 8},
+                 .lo = -1,
+                 .hi = 1,
+                 .view = {.n = 3, .perm = {1, 2, 0}}},
+                U(-1, 1, 3, 4, 16, 12)}},
+        {.op = "matmul",
+         .label = "empty inner dim (3,0) @ (0,4)",
+         .n = 2,
+         .in = {U(-1, 1, 2, 3, 0), U(-1, 1, 2, 0, 4)}},
+        {.op = "matmul",
+         .label = "empty rows (0,3) @ (3,4)",
+         .n = 2,
+         .in = {U(-1, 1, 2, 0, 3), U(-1, 1, 2, 3, 4)}},
+    };
+    run_table(cases, NCASES(cases));
+    log_margins("matmul");
+    expect_no_leaks(mem0);
+}
+
+Test(backends, large_broadcasting_elementwise_ops_match_ref_on_every_cpu_path)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const bcase cases[] = {
+        {.op = "add",
+         .label = "(1000) + (1000) same shape",
+         .n = 2,
+         .in = {U(-2, 2, 1, 1000), U(-2, 2, 1, 1000)}},
+        {.op = "add",
+         .label = "(1000) + scalar",
+         .n = 2,
+         .in = {U(-2, 2, 1, 1000), U(-2, 2, 0, 0)}},
+        {.op = "add",
+         .label = "scalar + (1000)",
+         .n = 2,
+         .in = {U(-2, 2, 0, 0), U(-2, 2, 1, 1000)}},
+        {.op = "add",
+         .label = "(40,25) + (25) row",
+         .n = 2,
+         .in = {U(-2, 2, 2, 40, 25), U(-2, 2, 1, 25)}},
+        {.op = "add",
+         .label = "(25) + (40,25) row on the left",
+         .n = 2,
+         .in = {U(-2, 2, 1, 25), U(-2, 2, 2, 40, 25)}},
+        {.op = "add",
+         .label = "(40,1) + (1,25) outer",
+         .n = 2,
+         .in = {U(-2, 2, 2, 40, 1), U(-2, 2, 2, 1, 25)}},
+        {.op = "add",
+         .label = "(40,25) + (40,1) column",
+         .n = 2,
+         .in = {U(-2, 2, 2, 40, 25), U(-2, 2, 2, 40, 1)}},
+        {.op = "add",
+         .label = "(10,10,10) + (10,1,10)",
+         .n = 2,
+         .in = {U(-2, 2, 3, 10, 10, 10), U(-2, 2, 3, 10, 1, 10)}},
+        {.op = "add",
+         .label = "(4,10,25) + (1,1,25) row",
+         .n = 2,
+         .in = {U(-2, 2, 3, 4, 10, 25), U(-2, 2, 3, 1, 1, 25)}},
+        {.op = "add",
+         .label = "(5,1,8) + (5,8) mixed",
+         .n = 2,
+         .in = {U(-2, 2, 3, 5, 1, 8), U(-2, 2, 2, 5, 8)}},
+        {.op = "add",
+         .label = "transpose((25,40)) + (40,25)",
+         .n = 2,
+         .in = {TRANSPOSED(-2, 2, 2, 25, 40), U(-2, 2, 2, 40, 25)}},
+        {.op = "sub",
+         .label = "(1000) - (1000)",
+         .n = 2,
+         .in = {U(-2, 2, 1, 1000), U(-2, 2, 1, 1000)}},
+        {.op = "sub",
+         .label = "(1000) - scalar",
+         .n = 2,
+         .in = {U(-2, 2, 1, 1000), U(-2, 2, 0, 0)}},
+        {.op = "sub",
+         .label = "(25) - (40,25)",
+         .n = 2,
+         .in = {U(-2, 2, 1, 25), U(-2, 2, 2, 40, 25)}},
+        {.op = "mul",
+         .label = "(1000) * (1000)",
+         .n = 2,
+         .in = {U(-2, 2, 1, 1000), U(-2, 2, 1, 1000)}},
+        {.op = "mul",
+         .label = "(40,25) * (25)",
+         .n = 2,
+         .in = {U(-2, 2, 2, 40, 25), U(-2, 2, 1, 25)}},
+        {.op = "mul",
+         .label = "(25) * (40,25)",
+         .n = 2,
+         .in = {U(-2, 2, 1, 25), U(-2, 2, 2, 40, 25)}},
+        {.op = "mul",
+         .label = "(1000) * scalar",
+         .n = 2,
+         .in = {U(-2, 2, 1, 1000), U(-2, 2, 0, 0)}},
+        {.op = "div", .label = "(1000) / (1000)", .n = 2, .in = {U(-2, 2, 1, 1000), AWAY(1, 1000)}},
+        {.op = "div", .label = "(40,25) / (25)", .n = 2, .in = {U(-2, 2, 2, 40, 25), AWAY(1, 25)}},
+        {.op = "div", .label = "(25) / (40,25)", .n = 2, .in = {U(-2, 2, 1, 25), AWAY(2, 40, 25)}},
+        {.op = "div", .label = "(1000) / scalar", .n = 2, .in = {U(-2, 2, 1, 1000), AWAY(0, 0)}},
+        {.op = "div",
+         .label = "(40,1) / (1,25)",
+         .n = 2,
+         .in = {U(-2, 2, 2, 40, 1), AWAY(2, 1, 25)}},
+        {.op = "add",
+         .label = "empty (0,4) + (4)",
+         .n = 2,
+         .in = {U(-2, 2, 2, 0, 4), U(-2, 2, 1, 4)}},
+        {.op = "mul",
+         .label = "empty (4) * (0,4)",
+         .n = 2,
+         .in = {U(-2, 2, 1, 4), U(-2, 2, 2, 0, 4)}},
+        {.op = "sub",
+         .label = "empty (3,0) - (3,1)",
+         .n = 2,
+         .in = {U(-2, 2, 2, 3, 0), U(-2, 2, 2, 3, 1)}},
+        {.op = "mse_loss",
+         .label = "(50,20)",
+         .n = 2,
+         .in = {U(-1, 1, 2, 50, 20), U(-1, 1, 2, 50, 20)}},
+    };
+    run_table(cases, NCASES(cases));
+    log_margins("elementwise");
+    expect_no_leaks(mem0);
+}
+
+Test(backends, large_unary_ops_match_ref_on_cpu)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const bcase cases[] = {
+        {.op = "neg", .label = "(1000)", .n = 1, .in = {U(-2, 2, 1, 1000)}},
+        {.op = "exp", .label = "(1000)", .n = 1, .in = {U(-2, 2, 1, 1000)}},
+        {.op = "log", .label = "(1000)", .n = 1, .in = {U(0.2, 3, 1, 1000)}},
+        {.op = "sqrt", .label = "(1000)", .n = 1, .in = {U(0.2, 3, 1, 1000)}},
+        {.op = "tanh", .label = "(1000)", .n = 1, .in = {U(-2, 2, 1, 1000)}},
+        {.op = "sigmoid", .label = "(1000)", .n = 1, .in = {U(-3, 3, 1, 1000)}},
+        {.op = "relu", .label = "(1000)", .n = 1, .in = {AWAY(1, 1000)}},
+        {.op = "relu",
+         .label = "transpose((25,40))",
+         .n = 1,
+         .in = {{.kind = D_AWAY,
+                 .ndim = 2,
+                 .shape = {25, 40},
+                 .lo = 0.05,
+                 .hi = 2,
+                 .view = {.n = 2, .perm = {1, 0}}}}},
+        {.op = "pow_scalar",
+         .label = "(1000) p = -1.5",
+         .n = 1,
+         .in = {U(0.3, 2, 1, 1000)},
+         .attrs = {.scalar = -1.5}},
+        {.op = "pow_scalar",
+         .label = "(1000) p = 3",
+         .n = 1,
+         .in = {U(0.3, 2, 1, 1000)},
+         .attrs = {.scalar = 3.0}},
+        {.op = "add_scalar",
+         .label = "(1000) + 2.5",
+         .n = 1,
+         .in = {U(-2, 2, 1, 1000)},
+         .attrs = {.scalar = 2.5}},
+        {.op = "mul_scalar",
+         .label = "(1000) * -0.75",
+         .n = 1,
+         .in = {U(-2, 2, 1, 1000)},
+         .attrs = {.scalar = -0.75}},
+        {.op = "contiguous",
+         .label = "transpose((25,40))",
+         .n = 1,
+         .in = {TRANSPOSED(-1, 1, 2, 25, 40)}},
+        {.op = "cast",
+         .label = "(1000) to f64",
+         .n = 1,
+         .in = {U(-1, 1, 1, 1000)},
+         .attrs = {.target = TG_F64}},
+        {.op = "cast",
+         .label = "(1000) to f32",
+         .n = 1,
+         .in = {U(-1, 1, 1, 1000)},
+         .attrs = {.target = TG_F32}},
+    };
+    run_table(cases, NCASES(cases));
+    log_margins("unary");
+    expect_no_leaks(mem0);
+}
+
+Test(backends, large_reductions_and_dim_ops_match_ref_on_cpu)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const bcase cases[] = {
+        {.op = "sum", .label = "(16,32,8) all dims", .n = 1, .in = {U(-1, 1, 3, 16, 32, 8)}},
+        {.op = "sum",
+         .label = "(16,32,8) dims 0,2",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 2, .ints = {0, 2}}},
+        {.op = "sum",
+         .label = "(16,32,8) dim 1 keepdim",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 1, .ints = {1}, .flag = 1}},
+        {.op = "sum",
+         .label = "(16,32,8) dims 0,1 (prefix)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 2, .ints = {0, 1}}},
+        {.op = "sum",
+         .label = "(16,32,8) dims 1,2 keepdim (suffix)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 2, .ints = {1, 2}, .flag = 1}},
+        {.op = "sum",
+         .label = "(16,32,8) dim -1 (rows)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 1, .ints = {-1}}},
+        {.op = "sum",
+         .label = "(16,32,8) dim 0 (columns)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 1, .ints = {0}}},
+        {.op = "sum",
+         .label = "(16,1,8) dims 0,1 (size-1 dim)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 1, 8)},
+         .attrs = {.nints = 2, .ints = {0, 1}}},
+        {.op = "sum",
+         .label = "(2,1500) dim 0 (wide columns)",
+         .n = 1,
+         .in = {U(-1, 1, 2, 2, 1500)},
+         .attrs = {.nints = 1, .ints = {0}}},
+        {.op = "sum", .label = "(1000) all", .n = 1, .in = {U(-1, 1, 1, 1000)}},
+        {.op = "sum",
+         .label = "empty (0,3) dim 0",
+         .n = 1,
+         .in = {U(-1, 1, 2, 0, 3)},
+         .attrs = {.nints = 1, .ints = {0}}},
+        {.op = "sum",
+         .label = "empty (3,0) dim 1",
+         .n = 1,
+         .in = {U(-1, 1, 2, 3, 0)},
+         .attrs = {.nints = 1, .ints = {1}}},
+        {.op = "sum",
+         .label = "empty (3,0) dim 0",
+         .n = 1,
+         .in = {U(-1, 1, 2, 3, 0)},
+         .attrs = {.nints = 1, .ints = {0}}},
+        {.op = "sum", .label = "empty (0,3) all", .n = 1, .in = {U(-1, 1, 2, 0, 3)}},
+        {.op = "mean",
+         .label = "(16,32,8) dims 0,1",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 2, .ints = {0, 1}}},
+        {.op = "mean",
+         .label = "(16,32,8) dim 2 keepdim",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 1, .ints = {2}, .flag = 1}},
+        {.op = "mean", .label = "(16,32,8) all", .n = 1, .in = {U(-1, 1, 3, 16, 32, 8)}},
+        {.op = "sum_to",
+         .label = "(16,32,8) to (32,8)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 2, .ints = {32, 8}}},
+        {.op = "sum_to",
+         .label = "(16,32,8) to (16,1,1)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 3, .ints = {16, 1, 1}}},
+        {.op = "sum_to",
+         .label = "(16,32,8) to (1,32,1)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 3, .ints = {1, 32, 1}}},
+        {.op = "expand",
+         .label = "(32,1) to (16,32,8)",
+         .n = 1,
+         .in = {U(-1, 1, 2, 32, 1)},
+         .attrs = {.nints = 3, .ints = {16, 32, 8}}},
+        {.op = "max_dim",
+         .label = "(64,50) dim 1",
+         .n = 1,
+         .in = {T_(D_DISTINCT, 2, 64, 50)},
+         .attrs = {.nints = 1, .ints = {1}}},
+        {.op = "max_dim",
+         .label = "(16,32,8) dim 0 keepdim",
+         .n = 1,
+         .in = {T_(D_DISTINCT, 3, 16, 32, 8)},
+         .attrs = {.nints = 1, .ints = {0}, .flag = 1}},
+        {.op = "softmax",
+         .label = "(32,100) dim 1",
+         .n = 1,
+         .in = {U(-3, 3, 2, 32, 100)},
+         .attrs = {.nints = 1, .ints = {1}}},
+        {.op = "softmax",
+         .label = "(32,100) dim 0",
+         .n = 1,
+         .in = {U(-3, 3, 2, 32, 100)},
+         .attrs = {.nints = 1, .ints = {0}}},
+        {.op = "log_softmax",
+         .label = "(8,16,12) dim 1",
+         .n = 1,
+         .in = {U(-3, 3, 3, 8, 16, 12)},
+         .attrs = {.nints = 1, .ints = {1}}},
+        {.op = "cross_entropy",
+         .label = "(64,10)",
+         .n = 2,
+         .in = {U(-2, 2, 2, 64, 10), {.kind = D_TARGETS, .ndim = 1, .shape = {64}, .hi = 10}}},
+        {.op = "reshape",
+         .label = "(16,32,8) to (512,8)",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 2, .ints = {512, 8}}},
+        {.op = "permute",
+         .label = "(16,32,8) by 2,0,1",
+         .n = 1,
+         .in = {U(-1, 1, 3, 16, 32, 8)},
+         .attrs = {.nints = 3, .ints = {2, 0, 1}}},
+    };
+    run_table(cases, NCASES(cases));
+    log_margins("reductions");
+    expect_no_leaks(mem0);
+}
+
+/* ---- A transposed view operand against its contiguous copy, per backend
+ * (the view goes to the GEMM as a transpose flag; the copy does not). */
+static void matmul_view_vs_copy(const int64_t *sa, int na, const int *pa, const int64_t *sb, int nb,
+                                const int *pb, const char *label)
+{
+    for (int p = 0; p < 2; p++)
+        for (int b = 0; b < 2; b++) {
+            tg_backend be = b ? TG_BACKEND_CPU : TG_BACKEND_REF;
+            tg_backend prev = tg_set_default_backend(be);
+            tg_rng rng;
+            tg_rng_seed(&rng, 99);
+            tg_dtype dt = p ? TG_F32 : TG_F64;
+            tg_tensor *A = tg_rand_uniform(&rng, dt, na, sa, -1, 1);
+            tg_tensor *B = tg_rand_uniform(&rng, dt, nb, sb, -1, 1);
+            cr_assert(A && B, "%s", tg_last_error_message());
+            tg_tensor *Av = pa ? tg_permute(A, na, pa) : tg_tensor_retain(A);
+            tg_tensor *Bv = pb ? tg_permute(B, nb, pb) : tg_tensor_retain(B);
+            cr_assert(Av && Bv, "%s", tg_last_error_message());
+            cr_expect(!pa || !tg_tensor_is_contiguous(Av));
+            cr_expect(!pb || !tg_tensor_is_contiguous(Bv));
+            tg_tensor *Ac = tg_contiguous(Av), *Bc = tg_contiguous(Bv);
+            cr_assert(Ac && Bc, "%s", tg_last_error_message());
+            cr_expect(tg_tensor_is_contiguous(Ac) && tg_tensor_is_contiguous(Bc));
+            tg_tensor *view = tg_matmul(Av, Bv), *copy = tg_matmul(Ac, Bc);
+            cr_expect(view && copy, "%s on %s: %s", label, tg_backend_name(be),
+                      tg_last_error_message());
+            char what[160];
+            snprintf(what, sizeof what, "%s on %s: matmul of views vs of contiguous copies", label,
+                     tg_backend_name(be));
+            if (view && copy) compare(view, copy, (prec)p, what);
+            tg_tensor *to_release[] = {view, copy, Ac, Bc, Av, Bv, A, B};
+            release_all(to_release, 8);
+            tg_set_default_backend(prev);
+        }
+}
+
+Test(backends, matmul_of_a_transposed_view_matches_matmul_of_its_contiguous_copy)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const int t2[2] = {1, 0}, t3[3] = {0, 2, 1}, r3[3] = {1, 0, 2};
+    matmul_view_vs_copy((const int64_t[]){48, 64}, 2, t2, (const int64_t[]){48, 32}, 2, NULL,
+                        "transpose((48,64)) @ (48,32)");
+    matmul_view_vs_copy((const int64_t[]){64, 48}, 2, NULL, (const int64_t[]){32, 48}, 2, t2,
+                        "(64,48) @ transpose((32,48))");
+    matmul_view_vs_copy((const int64_t[]){48, 64}, 2, t2, (const int64_t[]){32, 48}, 2, t2,
+                        "transpose((48,64)) @ transpose((32,48))");
+    matmul_view_vs_copy((const int64_t[]){4, 16, 8}, 3, t3, (const int64_t[]){4, 12, 16}, 3, t3,
+                        "batched transpose((4,16,8)) @ transpose((4,12,16))");
+    matmul_view_vs_copy((const int64_t[]){8, 4, 16}, 3, r3, (const int64_t[]){16, 12}, 2, NULL,
+                        "permute((8,4,16), 1,0,2) @ (16,12)");
+    expect_no_leaks(mem0);
+}
+
+Test(backends, matmul_of_a_transposed_view_copies_nothing_on_cpu)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_backend prev = tg_set_default_backend(TG_BACKEND_CPU);
+    tg_rng rng;
+    tg_rng_seed(&rng, 5);
+    tg_tensor *A = tg_rand_uniform(&rng, TG_F64, 2, (const int64_t[]){48, 64}, -1, 1);
+    tg_tensor *B = tg_rand_uniform(&rng, TG_F64, 2, (const int64_t[]){32, 48}, -1, 1);
+    tg_tensor *At = tg_transpose(A, 0, 1), *Bt = tg_transpose(B, 0, 1);
+    cr_assert(A && B && At && Bt, "%s", tg_last_error_message());
+    size_t before = tg_mem_current_bytes();
+    tg_mem_reset_peak();
+    tg_tensor *C = tg_matmul(At, Bt); /* (64,48) @ (48,32) */
+    cr_assert(C != NULL, "%s", tg_last_error_message());
+    size_t out_bytes = 64 * 32 * sizeof(double);
+    cr_expect_eq(tg_mem_peak_bytes() - before, out_bytes,
+                 "matmul of transposed views allocated %zu bytes at peak; its output is %zu",
+                 tg_mem_peak_bytes() - before, out_bytes);
+    tg_tensor *to_release[] = {C, At, Bt, A, B};
+    release_all(to_release, 5);
+    tg_set_default_backend(prev);
+    expect_no_leaks(mem0);
+}
