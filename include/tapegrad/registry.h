@@ -53,7 +53,9 @@ typedef tg_tensor *(*tg_forward_fn)(tg_op_ctx *ctx, tg_tensor *const *in);
 typedef tg_status (*tg_backward_fn)(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin);
 /* Gradcheck cases: for case k (0, 1, ...) create the inputs (f64 for
  * floating ones, on the default backend) and attrs; return the number of
- * inputs, 0 when k is past the last case, or -1 on error. */
+ * inputs, 0 when k is past the last case, or -1 on error. The inputs are
+ * the caller's: new references or scope-owned ones (the public creation
+ * functions), both are fine. */
 typedef int (*tg_sample_fn)(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *attrs);
 
 /* Bits of tg_op.saves: what backward reads through the ctx. */
@@ -89,7 +91,7 @@ tg_ad_mark tg_op_mark(const tg_op *op);
 const char *tg_ad_mark_name(tg_ad_mark mark); /* "yes", "non-differentiable", "unmarked" */
 const char *tg_cost_name(tg_cost_class cost);  /* "memory-bound", "compute-bound" */
 
-/* Copies def (name included) into the registry. TG_ERR_EXISTS if the name
+/* Copies def (name and doc strings included) into the registry. TG_ERR_EXISTS if the name
  * is taken, TG_ERR_INVALID if a field is missing or contradictory (both a
  * backward and the non-differentiable mark, arity out of range). */
 tg_status tg_op_register(const tg_op *def);

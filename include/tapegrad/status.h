@@ -28,6 +28,7 @@
     X(ERR_OFFSETS, "tensor data offsets out of range, overlapping or inconsistent") \
     X(ERR_EXTRA, "unexpected extra entry")                                    \
     X(ERR_PARSE, "malformed text data")                                       \
+    X(ERR_BUDGET, "tape memory budget exceeded")                              \
     X(ERR_INTERNAL, "internal error")
 
 typedef enum tg_status {

@@ -8,13 +8,18 @@
 /* Append-only record of one forward pass. Opaque. */
 typedef struct tg_tape tg_tape;
 
-/* What each op saves for backward. Only TG_CHECKPOINT_NONE (save everything
- * backward needs) exists so far. */
-typedef enum tg_checkpoint_policy { TG_CHECKPOINT_NONE = 0 } tg_checkpoint_policy;
+/* What each op keeps for backward (docs/checkpointing.md). Every policy
+ * gives the same gradients. */
+typedef enum tg_checkpoint_policy {
+    TG_CHECKPOINT_NONE = 0, /* save everything each op's backward reads */
+    TG_CHECKPOINT_BALANCED, /* memory-bound ops save nothing: recomputed */
+    TG_CHECKPOINT_BUDGET    /* keep saved bytes <= budget_bytes, recomputing */
+} tg_checkpoint_policy;
 
 /* Options passed by value; a zeroed struct gives the defaults. */
 typedef struct tg_tape_opts {
     tg_checkpoint_policy policy;
+    size_t budget_bytes; /* TG_CHECKPOINT_BUDGET only */
 } tg_tape_opts;
 
 /* New empty tape (NULL opts: defaults). Free with tg_tape_free. */
@@ -44,6 +49,29 @@ tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t);
 /* True for leaves and recorded results of the current tape generation. */
 bool tg_tensor_requires_grad(const tg_tensor *t);
 bool tg_tensor_is_leaf(const tg_tensor *t);
+
+/* ---- Checkpoint segments: ops recorded between begin and end (nestable)
+ * save nothing; backward re-runs them from the values that entered the
+ * segment. Random ops (dropout) replay the same mask. TG_ERR_INVALID for an
+ * end without a begin. */
+tg_status tg_checkpoint_begin(tg_tape *tape);
+tg_status tg_checkpoint_end(tg_tape *tape);
+
+/* One stage of a model: layer index and input -> output (new reference or
+ * scope-owned), built with tg_* ops. */
+typedef tg_tensor *(*tg_segment_fn)(void *userdata, int layer, tg_tensor *x);
+/* fn(userdata, 0, x) as one segment. */
+tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_tensor *x);
+/* Runs nlayers stages in sequence, grouped into nsegments segments (0:
+ * ceil(sqrt(nlayers))); the last group is not recomputed (its backward
+ * comes first). Returns the last stage's output. Intermediate outputs are
+ * the stages' own (scope-owned inside a scope, else the caller must keep
+ * their release in fn). */
+tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,
+                                    void *userdata, tg_tensor *x);
+/* Forwards re-run by backward since the last reset (each recomputed value
+ * counts once per backward, however many nodes use it). */
+int64_t tg_tape_recompute_count(const tg_tape *tape);
 
 /* Reverse sweep from loss, which must hold one element (else TG_ERR_SEED).
  * Gradients accumulate (+=) into the leaves' grads. Saved tensors and

@@ -99,7 +99,10 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     for (int i = 0; i < n; i++)
         if (tracked[i]) ctx.needs |= 1u << i;
 
+    /* A forward built from tg_* ops must not record its inner ops. */
+    bool prev_grad = tg_grad_set_enabled(false);
     tg_tensor *out = op->forward(&ctx, args);
+    tg_grad_set_enabled(prev_grad);
     if (out && tape) {
         /* Save what forward saw (contiguous copies included), so backward
          * reads the same values. */

@@ -102,14 +102,18 @@ tg_status tg_op_register(const tg_op *def)
     tg__registry_init();
     tg_op *copy = malloc(sizeof *copy);
     char *name = malloc(strlen(def->name) + 1);
-    if (!copy || !name) {
+    char *doc = def->doc ? malloc(strlen(def->doc) + 1) : NULL;
+    if (!copy || !name || (def->doc && !doc)) {
         free(copy);
         free(name);
+        free(doc);
         return tg__err(TG_ERR_NOMEM, "out of memory registering op '%s'", def->name);
     }
     *copy = *def;
     strcpy(name, def->name);
     copy->name = name;
+    if (doc) strcpy(doc, def->doc);
+    copy->doc = doc;
     tg_status st = TG_OK;
     pthread_mutex_lock(&lock);
     if (find_locked(name))
@@ -121,6 +125,7 @@ tg_status tg_op_register(const tg_op *def)
         ops[nops++] = copy;
     pthread_mutex_unlock(&lock);
     if (st != TG_OK) {
+        free(doc);
         free(name);
         free(copy);
     }

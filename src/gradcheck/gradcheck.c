@@ -95,7 +95,11 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
     problem p = {.fn = fn, .ud = ud, .n = n, .x = x, .w = NULL};
     tg_tensor *y = NULL;
     if (!st) {
+        /* fn may build nested expressions: own its result, drop the rest. */
+        tg_scope_begin();
         y = fn(ud, n, leaf);
+        if (y && y->scope_owned) tg_tensor_retain(y);
+        tg_scope_end();
         if (!y) st = tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
     }
     if (!st && !tg__is_float(y->dtype))
@@ -120,7 +124,7 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
     } else if (!st) {
         st = tg_backward_seed(y, p.w);
     }
-    if (y && !y->scope_owned) tg_tensor_release(y);
+    tg_tensor_release(y);
     tg_grad_set_enabled(false);
     for (int i = 0; i < n && !st; i++) {
         if (!res[i].checked) continue;
@@ -213,8 +217,17 @@ tg_status tg_gradcheck_op(const tg_op *op, tg_backend backend, const tg_gradchec
     for (int k = 0; k < 64 && st == TG_OK; k++) {
         tg_tensor *in[TG_OP_MAX_INPUTS] = {0};
         op_case c = {.op = op};
+        /* A sample may return scope-owned tensors (made with the public
+         * API) or its own references: end up owning one reference each. */
+        tg_scope_begin();
         int n = op->sample(k, &rng, in, &c.attrs);
-        if (n == 0) break;
+        for (int i = 0; i < TG_OP_MAX_INPUTS; i++)
+            if (in[i] && in[i]->scope_owned) tg_tensor_retain(in[i]);
+        tg_scope_end();
+        if (n == 0) {
+            for (int i = 0; i < TG_OP_MAX_INPUTS; i++) tg_tensor_release(in[i]);
+            break;
+        }
         if (n < 0 || n > TG_OP_MAX_INPUTS) {
             st = tg__err(TG_ERR_INTERNAL, "sample of op '%s' failed for case %d", op->name, k);
         } else {

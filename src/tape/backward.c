@@ -36,9 +36,119 @@ static void opname_err(const tg_node *n, const char *what, int i)
     (void)b;
 }
 
-static tg_status run_node(tg_tape *tape, tg_node *n, tg_tensor *gout, tg_tensor **grads)
+/* State of one backward: gradient slots and, for recompute nodes, the
+ * values rematerialised so far (each once, freed when the sweep passes
+ * the node that produced it: every consumer comes later in the record, so
+ * it has been processed by then). */
+typedef struct sweep_state {
+    tg_tape *tape;
+    tg_tensor **grads;                      /* [nslots] */
+    tg_tensor **vals;                       /* [nnodes] or NULL */
+    tg_tensor *(*extra)[TG_OP_MAX_EXTRA];   /* [nnodes] */
+    int *nextra;                            /* [nnodes] */
+} sweep_state;
+
+static tg_status value_of(sweep_state *s, int64_t j, tg_tensor **out);
+
+/* Borrowed value of input i of node n for a recompute. */
+static tg_status input_value(sweep_state *s, const tg_node *n, int i, tg_tensor **out)
 {
+    if (n->in_val[i]) {
+        *out = n->in_val[i];
+        return TG_OK;
+    }
+    if (n->in_node[i] >= 0) return value_of(s, n->in_node[i], out);
+    if (n->in_saved[i]) {
+        *out = n->in_saved[i];
+        return TG_OK;
+    }
+    return tg__err(TG_ERR_INTERNAL, "recompute of '%s': input #%d was not kept", n->op->name, i + 1);
+}
+
+/* Contiguous references to the inputs of n (what dispatch hands forward),
+ * through the public contiguous op where a value is a strided view. */
+static tg_status input_args(sweep_state *s, const tg_node *n, tg_tensor **args)
+{
+    tg_status st = TG_OK;
+    for (int i = 0; i < n->nin; i++) args[i] = NULL;
+    for (int i = 0; i < n->nin && !st; i++) {
+        tg_tensor *v;
+        st = input_value(s, n, i, &v);
+        if (st) break;
+        if (v->contiguous || (n->op->flags & TG_OP_STRIDED_INPUTS)) {
+            args[i] = tg_tensor_retain(v);
+        } else {
+            tg_scope_begin();
+            args[i] = tg_tensor_retain(tg_contiguous(v));
+            tg_scope_end();
+            if (!args[i]) st = tg_last_error();
+        }
+    }
+    if (st)
+        for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
+    return st;
+}
+
+/* Re-runs the forward of node j through its entry's function pointers. */
+static tg_status rematerialize(sweep_state *s, int64_t j)
+{
+    tg_node *n = &s->tape->nodes[j];
+    tg_tensor *args[TG_OP_MAX_INPUTS];
+    tg_status st = input_args(s, n, args);
+    if (st) return st;
+    tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec = {0};
+    unsigned needs = 0;
+    for (int i = 0; i < n->nin; i++) {
+        tg__spec_of(args[i], &in_spec[i]);
+        if (n->in_slot[i] >= 0) needs |= 1u << i;
+    }
+    st = n->op->shape(n->op, &n->attrs, args, &out_spec);
+    if (!st) {
+        tg_op_ctx ctx = {
+            .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = args, .in_spec = in_spec,
+            .out = NULL, .out_spec = &out_spec, .backend = n->backend, .needs = needs,
+            .extra = s->extra[j], .nextra = &s->nextra[j], .forward = true,
+        };
+        s->vals[j] = n->op->forward(&ctx, args);
+        if (!s->vals[j]) st = tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
+        else s->tape->recomputes++;
+    }
+    for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
+    return st;
+}
+
+static tg_status value_of(sweep_state *s, int64_t j, tg_tensor **out)
+{
+    tg_node *p = &s->tape->nodes[j];
+    if (p->ckpt || p->out_saved) {
+        *out = p->ckpt ? p->ckpt : p->out_saved;
+        return TG_OK;
+    }
+    if (p->consumed || !p->recompute)
+        return tg__err(TG_ERR_STALE, "recompute needs the output of '%s', which an earlier "
+                                     "tg_backward freed", p->op->name);
+    if (!s->vals[j]) {
+        tg_status st = rematerialize(s, j);
+        if (st) return st;
+    }
+    *out = s->vals[j];
+    return TG_OK;
+}
+
+static void drop_values(sweep_state *s, int64_t j)
+{
+    if (!s->vals) return;
+    tg_tensor_release(s->vals[j]);
+    s->vals[j] = NULL;
+    for (int k = 0; k < s->nextra[j]; k++) tg_tensor_release(s->extra[j][k]);
+    s->nextra[j] = 0;
+}
+
+static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
+{
+    tg_node *n = &s->tape->nodes[idx];
     tg_tensor *gin[TG_OP_MAX_INPUTS] = {0};
+    tg_tensor *args[TG_OP_MAX_INPUTS] = {0};
     unsigned needs = 0;
     for (int i = 0; i < n->nin; i++)
         if (n->in_slot[i] >= 0) needs |= 1u << i;
@@ -50,12 +160,26 @@ static tg_status run_node(tg_tape *tape, tg_node *n, tg_tensor *gout, tg_tensor 
         .backend = n->backend, .needs = needs, .extra = n->extra, .nextra = &nextra,
         .forward = false,
     };
+    tg_status st = TG_OK;
+    if (n->recompute) {
+        /* Rematerialise the node: its inputs' values and its own output and
+         * extras, as its forward made them. */
+        tg_tensor *out;
+        st = value_of(s, idx, &out);
+        if (!st) st = input_args(s, n, args);
+        if (st) return st;
+        ctx.in = args;
+        ctx.out = out;
+        ctx.extra = s->extra[idx];
+        ctx.nextra = &s->nextra[idx];
+    }
     tg_scope_begin();
-    tg_status st = n->op->backward(&ctx, gout, gin);
+    st = n->op->backward(&ctx, gout, gin);
     /* gin entries are borrowed (scope-owned or gout itself): take our own
      * references before the scope releases its tensors. */
     for (int i = 0; i < n->nin; i++) tg_tensor_retain(gin[i]);
     tg_scope_end();
+    for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
     if (st == TG_OK) {
         for (int i = 0; i < n->nin && st == TG_OK; i++) {
             if (!(needs & (1u << i))) continue;
@@ -78,11 +202,17 @@ static tg_status run_node(tg_tape *tape, tg_node *n, tg_tensor *gout, tg_tensor 
             tg_tensor_release(gin[i]);
             continue;
         }
-        tg_status ast = accumulate(&grads[n->in_slot[i]], gin[i]);
+        tg_status ast = accumulate(&s->grads[n->in_slot[i]], gin[i]);
         if (ast != TG_OK && st == TG_OK) st = ast;
     }
-    (void)tape;
     return st;
+}
+
+static bool any_recompute(const tg_tape *tape, int64_t upto)
+{
+    for (int64_t i = 0; i <= upto; i++)
+        if (tape->nodes[i].recompute) return true;
+    return false;
 }
 
 static tg_status sweep(tg_tensor *out, tg_tensor *seed)
@@ -90,24 +220,48 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
     tg_tape *tape = out->tape;
     int32_t root = tg__tape_slot(out);
     if (root < 0) return TG_ERR_NOMEM;
-    tg_tensor **grads = calloc((size_t)tape->nslots, sizeof *grads);
-    if (!grads) return tg__err(TG_ERR_NOMEM, "out of memory for %d gradient slots", tape->nslots);
+    int64_t top = out->is_leaf ? -1 : out->node;
+    sweep_state s = {.tape = tape};
+    s.grads = calloc((size_t)tape->nslots, sizeof *s.grads);
+    if (!s.grads) return tg__err(TG_ERR_NOMEM, "out of memory for %d gradient slots", tape->nslots);
+    if (top >= 0 && any_recompute(tape, top)) {
+        s.vals = calloc((size_t)(top + 1), sizeof *s.vals);
+        s.extra = calloc((size_t)(top + 1), sizeof *s.extra);
+        s.nextra = calloc((size_t)(top + 1), sizeof *s.nextra);
+        if (!s.vals || !s.extra || !s.nextra) {
+            free(s.vals);
+            free(s.extra);
+            free(s.nextra);
+            free(s.grads);
+            return tg__err(TG_ERR_NOMEM, "out of memory for recompute state");
+        }
+    }
+    tg_tensor **grads = s.grads;
     grads[root] = tg_tensor_retain(seed);
     bool prev = tg_grad_set_enabled(false);
     tg_status st = TG_OK;
-    for (int64_t i = out->is_leaf ? -1 : out->node; i >= 0 && st == TG_OK; i--) {
+    for (int64_t i = top; i >= 0 && st == TG_OK; i--) {
         tg_node *n = &tape->nodes[i];
         tg_tensor *g = grads[n->out_slot];
-        if (!g) continue;
-        if (n->consumed) {
-            st = tg__err(TG_ERR_STALE, "backward through '%s' a second time: its saved tensors "
-                                       "were freed by an earlier tg_backward", n->op->name);
-            break;
+        if (g) {
+            if (n->consumed) {
+                st = tg__err(TG_ERR_STALE, "backward through '%s' a second time: its saved "
+                                           "tensors were freed by an earlier tg_backward",
+                             n->op->name);
+                break;
+            }
+            grads[n->out_slot] = NULL;
+            st = run_node(&s, i, g);
+            tg_tensor_release(g);
+            if (st == TG_OK) tg__node_release_saved(tape, n);
         }
-        grads[n->out_slot] = NULL;
-        st = run_node(tape, n, g, grads);
-        tg_tensor_release(g);
-        if (st == TG_OK) tg__node_release_saved(tape, n);
+        drop_values(&s, i);
+    }
+    if (s.vals) {
+        for (int64_t i = 0; i <= top; i++) drop_values(&s, i);
+        free(s.vals);
+        free(s.extra);
+        free(s.nextra);
     }
     if (st == TG_OK) {
         for (int32_t i = 0; i < tape->nleaves; i++) {

@@ -24,9 +24,9 @@ tg_tape *tg_tape_new(const tg_tape_opts *opts)
 {
     tg_tape_opts o = {0};
     if (opts) o = *opts;
-    if (o.policy != TG_CHECKPOINT_NONE) {
-        tg__err(TG_ERR_UNSUPPORTED, "bad argument #1 to 'tape_new' (checkpoint policy %d not "
-                                    "implemented)", (int)o.policy);
+    if ((unsigned)o.policy > TG_CHECKPOINT_BUDGET) {
+        tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_new' (no checkpoint policy %d)",
+                (int)o.policy);
         return NULL;
     }
     tg_tape *tape = calloc(1, sizeof *tape);
@@ -61,6 +61,13 @@ void tg__node_release_saved(tg_tape *tape, tg_node *n)
     }
     tg_tensor_release(n->out_saved);
     n->out_saved = NULL;
+    tg_tensor_release(n->ckpt);
+    n->ckpt = NULL;
+    for (int i = 0; i < n->nin; i++) {
+        if (n->in_val_owned[i]) tg_tensor_release(n->in_val[i]);
+        n->in_val[i] = NULL;
+        n->in_val_owned[i] = false;
+    }
     for (int i = 0; i < n->nextra; i++) {
         tg_tensor_release(n->extra[i]);
         n->extra[i] = NULL;
@@ -84,6 +91,8 @@ void tg_tape_reset(tg_tape *tape)
     tape->gen++;
     tape->saved_bytes = 0;
     tape->saved_peak = 0;
+    tape->segment_depth = 0;
+    tape->recomputes = 0;
     tg__tape_unref(tape);
 }
 
@@ -182,9 +191,16 @@ int32_t tg__tape_slot(tg_tensor *t)
     return t->slot;
 }
 
-static size_t tensor_bytes(const tg_tensor *t)
+size_t tg__tensor_bytes(const tg_tensor *t)
 {
     return t ? (size_t)t->numel * tg_dtype_size(t->dtype) : 0;
+}
+
+static void charge(tg_tape *tape, tg_node *n, size_t bytes)
+{
+    n->saved_bytes += bytes;
+    tape->saved_bytes += bytes;
+    if (tape->saved_bytes > tape->saved_peak) tape->saved_peak = tape->saved_bytes;
 }
 
 tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *attrs, int nin,
@@ -192,12 +208,15 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
                           tg_tensor *out, tg_tensor **extra, int nextra)
 {
     int32_t slots[TG_OP_MAX_INPUTS];
+    bool recompute = false;
+    tg_status st = tg__tape_choose(tape, op, nin, in, seen, tracked, out, &recompute);
+    if (st) return st;
     for (int i = 0; i < nin; i++) {
         slots[i] = tracked[i] ? tg__tape_slot(in[i]) : -1;
         if (tracked[i] && slots[i] < 0) return TG_ERR_NOMEM;
     }
     tg_tensor *alias = NULL;
-    if (op->saves & TG_SAVE_OUTPUT) {
+    if (!recompute && (op->saves & TG_SAVE_OUTPUT)) {
         alias = tg__tensor_view(out, out->ndim, out->shape, out->strides, out->offset);
         if (!alias) return TG_ERR_NOMEM;
     }
@@ -218,22 +237,48 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->consumed = false;
     n->backend = out->backend;
     n->saved_bytes = 0;
+    n->recompute = recompute;
+    n->ckpt = NULL;
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
         tg__spec_of(in[i], &n->in_spec[i]);
-        n->in_saved[i] = (op->saves & TG_SAVE_INPUT(i)) ? tg_tensor_retain(seen[i]) : NULL;
-        n->saved_bytes += tensor_bytes(n->in_saved[i]);
+        n->in_node[i] = (tracked[i] && !in[i]->is_leaf) ? in[i]->node : -1;
+        n->in_val[i] = NULL;
+        n->in_val_owned[i] = false;
+        n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i))) ? tg_tensor_retain(seen[i]) : NULL;
+        charge(tape, n, tg__tensor_bytes(n->in_saved[i]));
     }
     n->out_saved = alias;
-    n->saved_bytes += tensor_bytes(alias);
+    charge(tape, n, tg__tensor_bytes(alias));
+    n->nextra = 0;
     for (int i = 0; i < nextra; i++) {
-        n->extra[i] = extra[i];
-        n->saved_bytes += tensor_bytes(extra[i]);
+        if (recompute) { /* backward makes them again */
+            tg_tensor_release(extra[i]);
+            continue;
+        }
+        n->extra[n->nextra++] = extra[i];
+        charge(tape, n, tg__tensor_bytes(extra[i]));
     }
-    n->nextra = nextra;
+    if (recompute) {
+        for (int i = 0; i < nin; i++) {
+            if (n->in_node[i] >= 0) {
+                /* An interior input: recomputed from its producer, or kept
+                 * there once as a checkpoint for every recompute consumer. */
+                tg_node *p = &tape->nodes[n->in_node[i]];
+                if (!p->recompute && !p->ckpt && !p->out_saved) {
+                    p->ckpt = tg_tensor_retain(in[i]);
+                    charge(tape, p, tg__tensor_bytes(in[i]));
+                }
+            } else if (tracked[i]) {
+                n->in_val[i] = in[i]; /* a leaf: the leaf list holds it */
+            } else {
+                n->in_val[i] = tg_tensor_retain(in[i]);
+                n->in_val_owned[i] = true;
+                charge(tape, n, tg__tensor_bytes(in[i]));
+            }
+        }
+    }
     tg__spec_of(out, &n->out_spec);
-    tape->saved_bytes += n->saved_bytes;
-    if (tape->saved_bytes > tape->saved_peak) tape->saved_peak = tape->saved_bytes;
 
     tg__tape_ref(tape);
     out->tape = tape;

@@ -20,6 +20,16 @@ typedef struct tg_node {
     tg_tensor *extra[TG_OP_MAX_EXTRA];
     int nextra;
     size_t saved_bytes;
+    /* Checkpointing (see checkpoint.c). A recompute node saves nothing of
+     * its own: backward re-runs its forward from the values of its inputs,
+     * found through in_node (the producing node of this generation) or
+     * in_val (a leaf, borrowed: the tape's leaf list holds it; or an
+     * untracked input, retained). */
+    bool recompute;
+    int64_t in_node[TG_OP_MAX_INPUTS];   /* -1: not an interior result */
+    tg_tensor *in_val[TG_OP_MAX_INPUTS];
+    bool in_val_owned[TG_OP_MAX_INPUTS];
+    tg_tensor *ckpt;                     /* output kept for recompute consumers */
 } tg_node;
 
 struct tg_tape {
@@ -33,6 +43,8 @@ struct tg_tape {
     tg_tensor **leaves; /* leaves with a slot in this generation (retained) */
     int32_t nleaves, capleaves;
     size_t saved_bytes, saved_peak;
+    int segment_depth;     /* open tg_checkpoint_begin calls */
+    int64_t recomputes;    /* forwards re-run by backward, since the last reset */
 };
 
 /* A tensor's tape record is live: leaf of a live tape, or recorded in the
@@ -54,6 +66,14 @@ TG_INTERNAL tg_status tg__tape_record(struct tg_tape *tape, const tg_op *op,
 /* Releases a node's saved tensors and marks it consumed. */
 TG_INTERNAL void tg__node_release_saved(struct tg_tape *tape, tg_node *n);
 TG_INTERNAL void tg__tape_unref(struct tg_tape *tape);
+/* Bytes of t's elements (0 for NULL). */
+TG_INTERNAL size_t tg__tensor_bytes(const tg_tensor *t);
+/* Whether a node recording op on inputs in (tracked per tracked[]) should
+ * save nothing and be recomputed, per the tape's policy and segments.
+ * May fail (BUDGET) with TG_ERR_BUDGET. */
+TG_INTERNAL tg_status tg__tape_choose(struct tg_tape *tape, const tg_op *op, int nin,
+                                      tg_tensor *const *in, tg_tensor *const *seen,
+                                      const bool *tracked, tg_tensor *out, bool *recompute);
 TG_INTERNAL void tg__tape_ref(struct tg_tape *tape);
 
 #endif

@@ -1,0 +1,167 @@
+/* Checkpoint policies: what each recorded op keeps for backward.
+ *
+ * NONE saves what each op's backward reads. A *recompute* node saves
+ * nothing of its own; backward re-runs its forward (backward.c) from the
+ * values of its inputs, which are leaves, untracked inputs it retains, the
+ * outputs of other recompute nodes (recomputed in turn) or checkpoints:
+ * outputs of saving nodes, kept once at the producer for all its recompute
+ * consumers.
+ *
+ * BALANCED makes every memory-bound op a recompute node, unless an input is
+ * untracked (not on the tape): then it saves as under NONE.
+ * Segments (tg_checkpoint_begin/end) make every op inside a recompute node,
+ * so only the values that enter a segment are kept.
+ * BUDGET(bytes) is BALANCED under a cap, decided op by op in recording
+ * order: memory-bound ops recompute (as under BALANCED) and compute-bound
+ * ops save while what they save fits in what is left of the budget; an op
+ * whose preferred choice does not fit takes the other one if that fits,
+ * else recording fails with TG_ERR_BUDGET at that op (the tape stays
+ * usable). Guarantee: tg_tape_saved_bytes never exceeds the budget at any
+ * point. Everything can be recomputed from the leaves, so the least budget
+ * a graph needs is the bytes of its untracked inputs (data) plus the
+ * checkpoints its recompute nodes force.
+ *
+ * A recompute node whose producer saves its own output (TG_SAVE_OUTPUT)
+ * reads the value there instead of keeping a checkpoint. */
+#include <math.h>
+
+#include "tape/tape_internal.h"
+
+/* Bytes a saving node would keep (what NONE charges). */
+static size_t save_cost(const tg_op *op, int nin, tg_tensor *const *seen, const tg_tensor *out)
+{
+    size_t b = 0;
+    for (int i = 0; i < nin; i++)
+        if (op->saves & TG_SAVE_INPUT(i)) b += tg__tensor_bytes(seen[i]);
+    if (op->saves & TG_SAVE_OUTPUT) b += tg__tensor_bytes(out);
+    return b;
+}
+
+/* Bytes a recompute node makes the tape keep: new checkpoints at saving
+ * producers and retained untracked inputs. */
+static size_t recompute_cost(const tg_tape *tape, int nin, tg_tensor *const *in,
+                             const bool *tracked)
+{
+    size_t b = 0;
+    for (int i = 0; i < nin; i++) {
+        bool dup = false;
+        for (int k = 0; k < i; k++) dup = dup || in[k] == in[i];
+        if (dup) continue;
+        if (tracked[i] && !in[i]->is_leaf) {
+            const tg_node *p = &tape->nodes[in[i]->node];
+            if (!p->recompute && !p->ckpt && !p->out_saved) b += tg__tensor_bytes(in[i]);
+        } else if (!tracked[i]) {
+            b += tg__tensor_bytes(in[i]);
+        }
+    }
+    return b;
+}
+
+tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *const *in,
+                          tg_tensor *const *seen, const bool *tracked, tg_tensor *out,
+                          bool *recompute)
+{
+    *recompute = tape->segment_depth > 0;
+    switch (tape->opts.policy) {
+    case TG_CHECKPOINT_NONE:
+        return TG_OK;
+    case TG_CHECKPOINT_BALANCED:
+        if (op->cost != TG_COST_MEMORY_BOUND) return TG_OK;
+        for (int i = 0; i < nin; i++)
+            if (!tracked[i]) return TG_OK; /* "save instead" */
+        *recompute = true;
+        return TG_OK;
+    case TG_CHECKPOINT_BUDGET: {
+        size_t left = tape->opts.budget_bytes > tape->saved_bytes
+                          ? tape->opts.budget_bytes - tape->saved_bytes : 0;
+        size_t save = save_cost(op, nin, seen, out);
+        size_t remat = recompute_cost(tape, nin, in, tracked);
+        bool all_tracked = true;
+        for (int i = 0; i < nin; i++) all_tracked = all_tracked && tracked[i];
+        bool prefer = *recompute || (op->cost == TG_COST_MEMORY_BOUND && all_tracked);
+        if (!prefer && save <= left) return TG_OK;
+        if (remat <= left) {
+            *recompute = true;
+            return TG_OK;
+        }
+        if (!*recompute && save <= left) return TG_OK;
+        return tg__err(TG_ERR_BUDGET, "op '%s' needs %zu bytes kept for backward (%zu if "
+                                      "recomputed), but the tape's budget of %zu bytes has %zu "
+                                      "left", op->name, save, remat, tape->opts.budget_bytes, left);
+    }
+    }
+    return TG_OK;
+}
+
+tg_status tg_checkpoint_begin(tg_tape *tape)
+{
+    if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'checkpoint_begin' (NULL tape)");
+    if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to 'checkpoint_begin' (tape was freed)");
+    tape->segment_depth++;
+    return TG_OK;
+}
+
+tg_status tg_checkpoint_end(tg_tape *tape)
+{
+    if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'checkpoint_end' (NULL tape)");
+    if (tape->segment_depth == 0)
+        return tg__err(TG_ERR_INVALID, "tg_checkpoint_end without a matching tg_checkpoint_begin");
+    tape->segment_depth--;
+    return TG_OK;
+}
+
+tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_tensor *x)
+{
+    if (!fn) {
+        tg__err(TG_ERR_NULL, "bad argument #2 to 'checkpoint' (NULL function)");
+        return NULL;
+    }
+    if (!x) {
+        tg__err_null("checkpoint", 4);
+        return NULL;
+    }
+    if (tg_checkpoint_begin(tape)) return NULL;
+    tg_tensor *y = fn(userdata, 0, x);
+    tg_checkpoint_end(tape);
+    return y;
+}
+
+tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,
+                                    void *userdata, tg_tensor *x)
+{
+    if (!tape || !fn) {
+        tg__err(TG_ERR_NULL, "bad argument to 'checkpoint_sequential' (NULL %s)",
+                tape ? "function" : "tape");
+        return NULL;
+    }
+    if (nlayers < 0) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to 'checkpoint_sequential' (%d layers)", nlayers);
+        return NULL;
+    }
+    if (nsegments <= 0) nsegments = (int)ceil(sqrt((double)nlayers));
+    if (nsegments < 1) nsegments = 1;
+    int per = (nlayers + nsegments - 1) / nsegments;
+    tg_tensor *h = x;
+    bool open = false;
+    for (int l = 0; l < nlayers && h; l++) {
+        /* The last segment is left unsegmented: its backward runs first,
+         * and recomputing it would only repeat the forward just done. */
+        bool seg = l < per * (nsegments - 1);
+        if (seg && l % per == 0) {
+            if (tg_checkpoint_begin(tape)) return NULL;
+            open = true;
+        }
+        h = fn(userdata, l, h);
+        if (open && (l % per == per - 1 || l == nlayers - 1)) {
+            tg_checkpoint_end(tape);
+            open = false;
+        }
+    }
+    if (open) tg_checkpoint_end(tape); /* fn failed inside a segment */
+    return h;
+}
+
+int64_t tg_tape_recompute_count(const tg_tape *tape)
+{
+    return tape ? tape->recomputes : 0;
+}

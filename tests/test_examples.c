@@ -1,0 +1,75 @@
+/* The examples build and run: each binary exits 0 on a short run.
+ *
+ * The binaries are found through the environment (TG_EXAMPLE_CUSTOM_OP,
+ * TG_EXAMPLE_TRAIN_MLP, set by tests/meson.build) or, when unset, next to
+ * this test in the build tree (<build>/examples/<name>). */
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <criterion/criterion.h>
+
+/* Path of example binary name: $env if set, else ../examples/name
+ * relative to this executable. */
+static void example_path(const char *env, const char *name, char *out, size_t len)
+{
+    const char *p = getenv(env);
+    if (p && p[0]) {
+        snprintf(out, len, "%s", p);
+        return;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    cr_assert(n > 0, "%s is not set and /proc/self/exe is unreadable", env);
+    self[n] = '\0';
+    snprintf(out, len, "%s/../examples/%s", dirname(self), name);
+}
+
+/* Runs path with argv (argv[0] filled in) and returns its exit status, or
+ * -1 if it did not exit normally. */
+static int run(const char *path, char **args)
+{
+    char *argv[8] = {(char *)path};
+    for (int i = 0; args && args[i] && i < 6; i++) argv[i + 1] = args[i];
+    cr_assert(access(path, X_OK) == 0, "example binary %s: %s", path, strerror(errno));
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    cr_assert(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        execv(path, argv);
+        _exit(127);
+    }
+    int status;
+    cr_assert(waitpid(pid, &status, 0) == pid, "waitpid: %s", strerror(errno));
+    if (WIFSIGNALED(status)) cr_log_error("%s killed by signal %d", path, WTERMSIG(status));
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+Test(examples, custom_op_registers_runs_and_gradchecks_its_op)
+{
+    char path[PATH_MAX + 64];
+    example_path("TG_EXAMPLE_CUSTOM_OP", "example_custom_op", path, sizeof path);
+    cr_assert_eq(run(path, NULL), 0, "%s did not exit 0", path);
+}
+
+Test(examples, train_mlp_lowers_the_loss_in_a_short_run)
+{
+    char path[PATH_MAX + 64];
+    char *args[] = {"--steps", "40", NULL};
+    example_path("TG_EXAMPLE_TRAIN_MLP", "example_train_mlp", path, sizeof path);
+    cr_assert_eq(run(path, args), 0, "%s --steps 40 did not exit 0", path);
+}
+
+Test(examples, train_mlp_rejects_a_step_count_below_one)
+{
+    char path[PATH_MAX + 64];
+    char *args[] = {"--steps", "0", NULL};
+    example_path("TG_EXAMPLE_TRAIN_MLP", "example_train_mlp", path, sizeof path);
+    cr_assert_eq(run(path, args), 2, "%s --steps 0 should exit 2 (usage)", path);
+}
