@@ -78,4 +78,73 @@ tg_tensor *tg_to_device(tg_tensor *x, tg_backend backend);
  * (non-differentiable use only). */
 tg_tensor *tg_cast(tg_tensor *x, tg_dtype dtype);
 
+/* ---- extended ops (training issue) ---------------------------------------
+ * Same conventions as above. Gradients at kinks: at x == 0 abs gives 0 and
+ * leaky_relu gives slope; clamp passes the gradient where lo <= x <= hi;
+ * minimum/maximum give it to a on ties.
+ * Conditions and masks are i64 or of the data's dtype, nonzero = true. */
+
+/* Elementwise unary, floating. */
+tg_tensor *tg_abs(tg_tensor *x);                    /* |x| */
+/* min(max(x, lo), hi); -INFINITY / INFINITY leave a side open. NaN bounds:
+ * TG_ERR_INVALID. lo > hi gives hi everywhere (as PyTorch). */
+tg_tensor *tg_clamp(tg_tensor *x, double lo, double hi);
+tg_tensor *tg_gelu(tg_tensor *x);                   /* x Phi(x) = x/2 (1 + erf(x / sqrt 2)) */
+tg_tensor *tg_silu(tg_tensor *x);                   /* x sigmoid(x) */
+tg_tensor *tg_leaky_relu(tg_tensor *x, double slope); /* x > 0 ? x : slope x */
+/* log(1 + e^(beta x)) / beta, and x itself where beta x > threshold (as
+ * PyTorch; its defaults are beta 1, threshold 20). beta > 0, else
+ * TG_ERR_INVALID. */
+tg_tensor *tg_softplus(tg_tensor *x, double beta, double threshold);
+/* Training: x * m / (1 - p), m_i ~ Bernoulli(1 - p) drawn from a seed
+ * taken from rng (one tg_rng_next per call, so successive calls differ and
+ * a run is reproducible from rng's seed); the mask is kept for backward
+ * (and a recompute draws the same one). p == 1 gives zeros. Not training,
+ * or p == 0: the identity (a view of x; rng is not used, may be NULL).
+ * p outside [0, 1]: TG_ERR_INVALID; NULL rng while training: TG_ERR_NULL. */
+tg_tensor *tg_dropout(tg_tensor *x, double p, bool training, tg_rng *rng);
+
+/* Selection, broadcasting. */
+/* cond != 0 ? a : b. a and b share a dtype (floating or i64); cond is i64
+ * or of a's dtype (NaN counts as true). */
+tg_tensor *tg_where(tg_tensor *cond, tg_tensor *a, tg_tensor *b);
+/* mask != 0 ? value : x, broadcast over x and mask. */
+tg_tensor *tg_masked_fill(tg_tensor *x, tg_tensor *mask, double value);
+tg_tensor *tg_minimum(tg_tensor *a, tg_tensor *b); /* min(a, b); NaN propagates */
+tg_tensor *tg_maximum(tg_tensor *a, tg_tensor *b); /* max(a, b); NaN propagates */
+
+/* Reductions. */
+/* Min along dim; the gradient goes to the first minimal element. */
+tg_tensor *tg_min_dim(tg_tensor *x, int dim, bool keepdim);
+/* log sum_i e^x_i along dim, computed as m + log sum e^(x_i - m), m the
+ * max (so large x does not overflow); an empty dim gives -inf. */
+tg_tensor *tg_logsumexp(tg_tensor *x, int dim, bool keepdim);
+/* sum (x - mean)^2 / (N - correction) over the ndims listed dims (ndims
+ * == 0: over all elements; dims may then be NULL), N the number of reduced
+ * elements; correction 1 is the unbiased estimate, 0 the population
+ * variance (N <= correction gives inf/NaN, as PyTorch). std = sqrt(var). */
+tg_tensor *tg_var(tg_tensor *x, int ndims, const int *dims, int correction, bool keepdim);
+tg_tensor *tg_std(tg_tensor *x, int ndims, const int *dims, int correction, bool keepdim);
+
+/* Joining and indexing. Index tensors are i64; an entry outside the
+ * indexed dim fails with TG_ERR_INVALID naming the op and the position.
+ * These ops accept every dtype (gradients need floating). */
+/* The n tensors of xs (not retained; same dtype, same shape outside dim)
+ * joined along dim into a new tensor. Recorded as n - 1 binary "concat"
+ * nodes over a balanced tree; n == 1 gives a copy. */
+tg_tensor *tg_concat(int n, tg_tensor *const *xs, int dim);
+/* x[.., start : start + length, ..] along dim, a view sharing x's storage
+ * (start < 0 counts from the end). The range must lie inside the dim. */
+tg_tensor *tg_narrow(tg_tensor *x, int dim, int64_t start, int64_t length);
+/* x with dim replaced by the entries of 1-d index: y[.., j, ..] =
+ * x[.., index[j], ..]. Gradient: scatter-add (repeated indices add up). */
+tg_tensor *tg_index_select(tg_tensor *x, int dim, tg_tensor *index);
+/* y[i] = x[i with coordinate dim replaced by index[i]]; index has x's ndim
+ * and no larger size than x outside dim; y has index's shape. Gradient:
+ * scatter-add. */
+tg_tensor *tg_gather(tg_tensor *x, int dim, tg_tensor *index);
+/* Rows of weight (V, D) floating for the ids (any shape, i64 in [0, V)):
+ * result ids.shape + (D). Gradient to weight: scatter-add of the rows. */
+tg_tensor *tg_embedding(tg_tensor *weight, tg_tensor *ids);
+
 #endif

@@ -14,7 +14,14 @@
     TG_BUILTIN_EXT_OPS(X) TG_BUILTIN_NN_OPS(X)
 
 /* Extended elementwise/reduction/indexing ops (src/ops/ext_*.c). */
-#define TG_BUILTIN_EXT_OPS(X)
+#define TG_BUILTIN_EXT_OPS(X)                                                       \
+    X(abs) X(abs_backward) X(gelu) X(gelu_backward) X(silu) X(silu_backward)        \
+    X(leaky_relu) X(leaky_relu_backward) X(clamp) X(clamp_backward)                 \
+    X(softplus) X(softplus_backward) X(dropout)                                     \
+    X(where) X(masked_fill) X(minimum) X(maximum)                                   \
+    X(min_dim) X(logsumexp) X(var) X(std)                                           \
+    X(concat) X(narrow) X(index_select) X(index_select_backward) X(gather)          \
+    X(gather_backward) X(embedding)
 
 /* Neural-network ops: conv, pooling, normalisation (src/ops/nn_*.c). */
 #define TG_BUILTIN_NN_OPS(X)
