@@ -37,7 +37,9 @@ void tg_tape_reset(tg_tape *tape);
 /* Number of nodes recorded since the last reset. */
 int64_t tg_tape_node_count(const tg_tape *tape);
 /* Bytes of tensor data the tape holds for backward now, and at peak since
- * the last reset (a storage shared by two nodes counts once per node). */
+ * the last reset: saved inputs, outputs and extras of every node (a storage
+ * kept by two nodes counts once per node). References to leaves cost the
+ * tape nothing and are not counted. */
 size_t tg_tape_saved_bytes(const tg_tape *tape);
 size_t tg_tape_saved_peak_bytes(const tg_tape *tape);
 
@@ -63,8 +65,9 @@ typedef tg_tensor *(*tg_segment_fn)(void *userdata, int layer, tg_tensor *x);
 /* fn(userdata, 0, x) as one segment. */
 tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_tensor *x);
 /* Runs nlayers stages in sequence, grouped into nsegments segments (0:
- * ceil(sqrt(nlayers))); the last group is not recomputed (its backward
- * comes first). Returns the last stage's output. Intermediate outputs are
+ * ceil(sqrt(nlayers))) of ceil(nlayers / nsegments) stages, every group a
+ * segment, so only the inputs of the groups are kept. Returns the last
+ * stage's output. Intermediate outputs are
  * the stages' own (scope-owned inside a scope, else the caller must keep
  * their release in fn). */
 tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,

@@ -53,15 +53,11 @@ static tg_status value_of(sweep_state *s, int64_t j, tg_tensor **out);
 /* Borrowed value of input i of node n for a recompute. */
 static tg_status input_value(sweep_state *s, const tg_node *n, int i, tg_tensor **out)
 {
-    if (n->in_val[i]) {
-        *out = n->in_val[i];
+    if (n->in_saved[i] || n->in_val[i]) {
+        *out = n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
         return TG_OK;
     }
     if (n->in_node[i] >= 0) return value_of(s, n->in_node[i], out);
-    if (n->in_saved[i]) {
-        *out = n->in_saved[i];
-        return TG_OK;
-    }
     return tg__err(TG_ERR_INTERNAL, "recompute of '%s': input #%d was not kept", n->op->name, i + 1);
 }
 
@@ -124,7 +120,7 @@ static tg_status value_of(sweep_state *s, int64_t j, tg_tensor **out)
         *out = p->ckpt ? p->ckpt : p->out_saved;
         return TG_OK;
     }
-    if (p->consumed || !p->recompute)
+    if (p->consumed || (!p->recompute && !tg__node_saves_inputs(p)))
         return tg__err(TG_ERR_STALE, "recompute needs the output of '%s', which an earlier "
                                      "tg_backward freed", p->op->name);
     if (!s->vals[j]) {

@@ -13,34 +13,48 @@
  * so only the values that enter a segment are kept.
  * BUDGET(bytes) is BALANCED under a cap, decided op by op in recording
  * order: memory-bound ops recompute (as under BALANCED) and compute-bound
- * ops save while what they save fits in what is left of the budget; an op
- * whose preferred choice does not fit takes the other one if that fits,
- * else recording fails with TG_ERR_BUDGET at that op (the tape stays
- * usable). Guarantee: tg_tape_saved_bytes never exceeds the budget at any
+ * ops save while what they save fits in what is left of the budget. An op
+ * whose preferred choice does not fit takes the next that does: recompute
+ * with checkpoints, recompute re-running saving producers from their saves
+ * (no checkpoints), save. If none fits, optional checkpoints (those of
+ * producers that can be re-run from their saves) are dropped, newest
+ * first, to make room; if that is not enough either, recording fails with
+ * TG_ERR_BUDGET at that op (the tape stays usable). Guarantee: tg_tape_saved_bytes never exceeds the budget at any
  * point. Everything can be recomputed from the leaves, so the least budget
  * a graph needs is the bytes of its untracked inputs (data) plus the
  * checkpoints its recompute nodes force.
  *
  * A recompute node whose producer saves its own output (TG_SAVE_OUTPUT)
- * reads the value there instead of keeping a checkpoint. */
+ * reads the value there instead of keeping a checkpoint. Under BUDGET, when
+ * a checkpoint does not fit, a producer that saves all its inputs (matmul)
+ * is re-run from them instead. */
 #include <math.h>
 
 #include "tape/tape_internal.h"
 
 /* Bytes a saving node would keep (what NONE charges). */
-static size_t save_cost(const tg_op *op, int nin, tg_tensor *const *seen, const tg_tensor *out)
+static size_t save_cost(const tg_op *op, int nin, tg_tensor *const *seen, const tg_tensor *out,
+                        tg_tensor *const *extra, int nextra)
 {
     size_t b = 0;
     for (int i = 0; i < nin; i++)
-        if (op->saves & TG_SAVE_INPUT(i)) b += tg__tensor_bytes(seen[i]);
+        if (op->saves & TG_SAVE_INPUT(i)) b += tg__kept_bytes(seen[i]);
     if (op->saves & TG_SAVE_OUTPUT) b += tg__tensor_bytes(out);
+    for (int i = 0; i < nextra; i++) b += tg__kept_bytes(extra[i]);
     return b;
 }
 
-/* Bytes a recompute node makes the tape keep: new checkpoints at saving
- * producers and retained untracked inputs. */
+bool tg__node_saves_inputs(const tg_node *n)
+{
+    for (int i = 0; i < n->nin; i++)
+        if (!n->in_saved[i]) return false;
+    return true;
+}
+
+/* Bytes a recompute node makes the tape keep: retained untracked inputs,
+ * and (with checkpoints) the outputs of saving producers. */
 static size_t recompute_cost(const tg_tape *tape, int nin, tg_tensor *const *in,
-                             const bool *tracked)
+                             const bool *tracked, bool checkpoints)
 {
     size_t b = 0;
     for (int i = 0; i < nin; i++) {
@@ -49,19 +63,59 @@ static size_t recompute_cost(const tg_tape *tape, int nin, tg_tensor *const *in,
         if (dup) continue;
         if (tracked[i] && !in[i]->is_leaf) {
             const tg_node *p = &tape->nodes[in[i]->node];
-            if (!p->recompute && !p->ckpt && !p->out_saved) b += tg__tensor_bytes(in[i]);
+            if (p->recompute || p->ckpt || p->out_saved) continue;
+            if (checkpoints || !tg__node_saves_inputs(p)) b += tg__kept_bytes(in[i]);
         } else if (!tracked[i]) {
-            b += tg__tensor_bytes(in[i]);
+            b += tg__kept_bytes(in[i]);
         }
     }
     return b;
 }
 
+typedef struct {
+    size_t cost;
+    bool recompute, ckpt;
+} budget_option;
+
+static size_t budget_left(const tg_tape *tape)
+{
+    return tape->opts.budget_bytes > tape->saved_bytes ? tape->opts.budget_bytes - tape->saved_bytes
+                                                       : 0;
+}
+
+/* Checkpoints whose producer can be re-run from its own saves are
+ * optional: BUDGET drops them, newest first, to make room. */
+static size_t reclaimable(const tg_tape *tape)
+{
+    size_t b = 0;
+    for (int64_t i = 0; i < tape->nnodes; i++) {
+        const tg_node *p = &tape->nodes[i];
+        if (p->ckpt && tg__node_saves_inputs(p)) b += tg__kept_bytes(p->ckpt);
+    }
+    return b;
+}
+
+static void evict(tg_tape *tape, size_t need)
+{
+    size_t freed = 0;
+    for (int64_t i = tape->nnodes - 1; i >= 0 && freed < need; i--) {
+        tg_node *p = &tape->nodes[i];
+        if (!p->ckpt || !tg__node_saves_inputs(p)) continue;
+        size_t b = tg__kept_bytes(p->ckpt);
+        tg_tensor_release(p->ckpt);
+        p->ckpt = NULL;
+        p->saved_bytes -= b;
+        tape->saved_bytes -= b;
+        freed += b;
+    }
+}
+
 tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *const *in,
                           tg_tensor *const *seen, const bool *tracked, tg_tensor *out,
-                          bool *recompute)
+                          tg_tensor *const *extra, int nextra, bool *recompute, bool *checkpoints)
 {
     *recompute = tape->segment_depth > 0;
+    *checkpoints = true;
     switch (tape->opts.policy) {
     case TG_CHECKPOINT_NONE:
         return TG_OK;
@@ -72,22 +126,34 @@ tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *co
         *recompute = true;
         return TG_OK;
     case TG_CHECKPOINT_BUDGET: {
-        size_t left = tape->opts.budget_bytes > tape->saved_bytes
-                          ? tape->opts.budget_bytes - tape->saved_bytes : 0;
-        size_t save = save_cost(op, nin, seen, out);
-        size_t remat = recompute_cost(tape, nin, in, tracked);
+        size_t save = save_cost(op, nin, seen, out, extra, nextra);
+        size_t remat = recompute_cost(tape, nin, in, tracked, true);
+        size_t lean = recompute_cost(tape, nin, in, tracked, false);
         bool all_tracked = true;
         for (int i = 0; i < nin; i++) all_tracked = all_tracked && tracked[i];
         bool prefer = *recompute || (op->cost == TG_COST_MEMORY_BOUND && all_tracked);
-        if (!prefer && save <= left) return TG_OK;
-        if (remat <= left) {
-            *recompute = true;
-            return TG_OK;
+        /* Options in order of preference: cost, recompute?, checkpoints? */
+        budget_option opt[3];
+        int n = 0;
+        if (!prefer) opt[n++] = (budget_option){save, false, true};
+        opt[n++] = (budget_option){remat, true, true};
+        opt[n++] = (budget_option){lean, true, false};
+        if (prefer && !*recompute) opt[n++] = (budget_option){save, false, true};
+        for (int pass = 0; pass < 2; pass++) {
+            for (int k = 0; k < n; k++) {
+                size_t left = budget_left(tape);
+                if (opt[k].cost > left && (pass == 0 || opt[k].cost > left + reclaimable(tape)))
+                    continue;
+                if (opt[k].cost > left) evict(tape, opt[k].cost - left);
+                *recompute = opt[k].recompute;
+                *checkpoints = opt[k].ckpt;
+                return TG_OK;
+            }
         }
-        if (!*recompute && save <= left) return TG_OK;
         return tg__err(TG_ERR_BUDGET, "op '%s' needs %zu bytes kept for backward (%zu if "
                                       "recomputed), but the tape's budget of %zu bytes has %zu "
-                                      "left", op->name, save, remat, tape->opts.budget_bytes, left);
+                                      "left", op->name, save, lean, tape->opts.budget_bytes,
+                       budget_left(tape));
     }
     }
     return TG_OK;
@@ -144,10 +210,10 @@ tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, t
     tg_tensor *h = x;
     bool open = false;
     for (int l = 0; l < nlayers && h; l++) {
-        /* The last segment is left unsegmented: its backward runs first,
-         * and recomputing it would only repeat the forward just done. */
-        bool seg = l < per * (nsegments - 1);
-        if (seg && l % per == 0) {
+        /* Every group is a segment, the last one too: keeping the last
+         * group's activations would save one forward of it in time but
+         * hold a whole group's worth of saved bytes. */
+        if (l % per == 0) {
             if (tg_checkpoint_begin(tape)) return NULL;
             open = true;
         }

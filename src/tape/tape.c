@@ -196,6 +196,13 @@ size_t tg__tensor_bytes(const tg_tensor *t)
     return t ? (size_t)t->numel * tg_dtype_size(t->dtype) : 0;
 }
 
+size_t tg__kept_bytes(const tg_tensor *t)
+{
+    /* A leaf is held by its owner whatever the tape does: referencing it
+     * costs the tape nothing. */
+    return (t && !t->is_leaf) ? tg__tensor_bytes(t) : 0;
+}
+
 static void charge(tg_tape *tape, tg_node *n, size_t bytes)
 {
     n->saved_bytes += bytes;
@@ -208,8 +215,9 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
                           tg_tensor *out, tg_tensor **extra, int nextra)
 {
     int32_t slots[TG_OP_MAX_INPUTS];
-    bool recompute = false;
-    tg_status st = tg__tape_choose(tape, op, nin, in, seen, tracked, out, &recompute);
+    bool recompute = false, checkpoints = true;
+    tg_status st = tg__tape_choose(tape, op, nin, in, seen, tracked, out, extra, nextra,
+                                   &recompute, &checkpoints);
     if (st) return st;
     for (int i = 0; i < nin; i++) {
         slots[i] = tracked[i] ? tg__tape_slot(in[i]) : -1;
@@ -246,7 +254,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         n->in_val[i] = NULL;
         n->in_val_owned[i] = false;
         n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i))) ? tg_tensor_retain(seen[i]) : NULL;
-        charge(tape, n, tg__tensor_bytes(n->in_saved[i]));
+        charge(tape, n, tg__kept_bytes(n->in_saved[i]));
     }
     n->out_saved = alias;
     charge(tape, n, tg__tensor_bytes(alias));
@@ -257,7 +265,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
             continue;
         }
         n->extra[n->nextra++] = extra[i];
-        charge(tape, n, tg__tensor_bytes(extra[i]));
+        charge(tape, n, tg__kept_bytes(extra[i]));
     }
     if (recompute) {
         for (int i = 0; i < nin; i++) {
@@ -265,16 +273,17 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
                 /* An interior input: recomputed from its producer, or kept
                  * there once as a checkpoint for every recompute consumer. */
                 tg_node *p = &tape->nodes[n->in_node[i]];
-                if (!p->recompute && !p->ckpt && !p->out_saved) {
+                if (!p->recompute && !p->ckpt && !p->out_saved &&
+                    (checkpoints || !tg__node_saves_inputs(p))) {
                     p->ckpt = tg_tensor_retain(in[i]);
-                    charge(tape, p, tg__tensor_bytes(in[i]));
+                    charge(tape, p, tg__kept_bytes(in[i]));
                 }
             } else if (tracked[i]) {
                 n->in_val[i] = in[i]; /* a leaf: the leaf list holds it */
             } else {
                 n->in_val[i] = tg_tensor_retain(in[i]);
                 n->in_val_owned[i] = true;
-                charge(tape, n, tg__tensor_bytes(in[i]));
+                charge(tape, n, tg__kept_bytes(in[i]));
             }
         }
     }

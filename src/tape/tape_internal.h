@@ -66,14 +66,21 @@ TG_INTERNAL tg_status tg__tape_record(struct tg_tape *tape, const tg_op *op,
 /* Releases a node's saved tensors and marks it consumed. */
 TG_INTERNAL void tg__node_release_saved(struct tg_tape *tape, tg_node *n);
 TG_INTERNAL void tg__tape_unref(struct tg_tape *tape);
-/* Bytes of t's elements (0 for NULL). */
+/* Bytes of t's elements (0 for NULL); kept_bytes is what holding t costs
+ * the tape: 0 for leaves (their owner holds them anyway). */
 TG_INTERNAL size_t tg__tensor_bytes(const tg_tensor *t);
+TG_INTERNAL size_t tg__kept_bytes(const tg_tensor *t);
 /* Whether a node recording op on inputs in (tracked per tracked[]) should
- * save nothing and be recomputed, per the tape's policy and segments.
- * May fail (BUDGET) with TG_ERR_BUDGET. */
+ * save nothing and be recomputed, per the tape's policy and segments, and
+ * if so whether its inputs from saving producers get checkpoints (else
+ * those producers are recomputed from what they save). May fail (BUDGET)
+ * with TG_ERR_BUDGET. */
 TG_INTERNAL tg_status tg__tape_choose(struct tg_tape *tape, const tg_op *op, int nin,
                                       tg_tensor *const *in, tg_tensor *const *seen,
-                                      const bool *tracked, tg_tensor *out, bool *recompute);
+                                      const bool *tracked, tg_tensor *out, tg_tensor *const *extra,
+                                      int nextra, bool *recompute, bool *checkpoints);
+/* A saving node that keeps every input can be re-run from its saves. */
+TG_INTERNAL bool tg__node_saves_inputs(const tg_node *n);
 TG_INTERNAL void tg__tape_ref(struct tg_tape *tape);
 
 #endif

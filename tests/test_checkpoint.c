@@ -1,0 +1,429 @@
+/* Checkpoint policies: every policy gives NONE's gradients (bitwise: the
+ * recompute repeats the same kernels on the same values), and the saved
+ * bytes the deterministic counters report are what the policies promise. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tapegrad.h>
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+
+enum { NONE, BALANCED, BUDGET, SEGMENT, NVARIANTS };
+static const char *const variant_names[NVARIANTS] = {"none", "balanced", "budget", "segment"};
+
+static tg_tape *tape_for(int variant, size_t budget)
+{
+    tg_tape_opts o = {0};
+    if (variant == BALANCED) o.policy = TG_CHECKPOINT_BALANCED;
+    if (variant == BUDGET) {
+        o.policy = TG_CHECKPOINT_BUDGET;
+        o.budget_bytes = budget;
+    }
+    tg_tape *t = tg_tape_new(&o);
+    cr_assert_not_null(t, "%s", tg_last_error_message());
+    return t;
+}
+
+/* Copies every leaf gradient into one malloc'd f64 buffer (caller frees). */
+static double *grads_of(int n, tg_tensor **leaves, size_t *count)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)tg_tensor_numel(leaves[i]);
+    double *out = calloc(total ? total : 1, sizeof *out), *p = out;
+    for (int i = 0; i < n; i++) {
+        tg_tensor *g = tg_grad(leaves[i]);
+        cr_assert_not_null(g, "leaf %d has no gradient: %s", i, tg_last_error_message());
+        tg_tensor *g64 = tg_tensor_dtype(g) == TG_F64 ? tg_tensor_retain(g) : tg_cast(g, TG_F64);
+        cr_assert_eq(tg_tensor_copy_out(g64, p, (size_t)tg_tensor_numel(g) * 8), TG_OK);
+        p += tg_tensor_numel(g);
+        tg_tensor_release(g64);
+        tg_grad_zero(leaves[i]);
+    }
+    *count = total;
+    return out;
+}
+
+/* ---- the elementwise chain sum(tanh(x*x + 1) * sigmoid(x)) */
+static tg_tensor *chain(tg_tensor *x)
+{
+    tg_tensor *a = tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0));
+    tg_tensor *b = tg_sigmoid(x);
+    return tg_sum(tg_mul(a, b));
+}
+
+Test(checkpoint, balanced_saves_at_least_half_fewer_bytes_on_the_elementwise_chain)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 11);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(1 << 20), -2.0, 2.0);
+    size_t saved[2], n;
+    double *g[2];
+    int64_t recomputes = -1;
+    for (int v = 0; v < 2; v++) {
+        tg_tape *tape = tape_for(v == 0 ? NONE : BALANCED, 0);
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        tg_scope_begin();
+        tg_tensor *loss = chain(x);
+        cr_assert_not_null(loss, "%s", tg_last_error_message());
+        saved[v] = tg_tape_saved_bytes(tape);
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        tg_scope_end();
+        g[v] = grads_of(1, &x, &n);
+        if (v == 1) recomputes = tg_tape_recompute_count(tape);
+        tg_tape_free(tape);
+    }
+    cr_assert_gt(saved[0], 0);
+    cr_assert_leq(2 * saved[1], saved[0], "balanced saved %zu bytes, none %zu", saved[1], saved[0]);
+    cr_assert_eq(memcmp(g[0], g[1], n * sizeof(double)), 0, "gradients differ");
+    /* mul, add_scalar, tanh, sigmoid, mul, sum: each recomputed once, though
+     * x and the products fan out. */
+    cr_assert_eq(recomputes, 6);
+    free(g[0]);
+    free(g[1]);
+    tg_tensor_release(x);
+}
+
+/* ---- the registry under every policy */
+typedef struct {
+    const tg_op *op;
+    tg_op_attrs attrs;
+} op_case;
+
+/* Runs op on fresh copies of in (floating ones tracked) under variant;
+ * seed w fixed by the caller. Returns the gradients, NULL if recording
+ * failed with TG_ERR_BUDGET. */
+static double *run_op(int variant, size_t budget, const op_case *c, int n, tg_tensor **in,
+                      size_t *count, size_t *saved_peak)
+{
+    tg_tape *tape = tape_for(variant, budget);
+    tg_tensor *x[TG_OP_MAX_INPUTS], *leaves[TG_OP_MAX_INPUTS];
+    int nl = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = tg_contiguous(in[i]);
+        if (tg_tensor_dtype(x[i]) != TG_I64) {
+            cr_assert_eq(tg_requires_grad(tape, x[i]), TG_OK);
+            leaves[nl++] = x[i];
+        }
+    }
+    double *g = NULL;
+    tg_scope_begin();
+    if (variant == SEGMENT) tg_checkpoint_begin(tape);
+    tg_tensor *y = tg_op_call(c->op, n, x, &c->attrs);
+    if (variant == SEGMENT) tg_checkpoint_end(tape);
+    if (!y) {
+        cr_assert_eq(tg_last_error(), TG_ERR_BUDGET, "op '%s' under %s: %s", c->op->name,
+                     variant_names[variant], tg_last_error_message());
+        tg_error_clear();
+    } else {
+        tg_rng rng;
+        tg_rng_seed(&rng, 5);
+        tg_tensor *w = tg_to_device(tg_rand_uniform(&rng, tg_tensor_dtype(y), tg_tensor_ndim(y),
+                                                    tg_tensor_shape(y), 0.5, 1.5),
+                                    tg_tensor_backend(y));
+        *saved_peak = tg_tape_saved_peak_bytes(tape);
+        cr_assert_eq(tg_backward_seed(y, w), TG_OK, "op '%s' under %s: %s", c->op->name,
+                     variant_names[variant], tg_last_error_message());
+        g = grads_of(nl, leaves, count);
+    }
+    tg_scope_end();
+    for (int i = 0; i < n; i++) tg_tensor_release(x[i]);
+    tg_tape_free(tape);
+    return g;
+}
+
+Test(checkpoint, every_policy_gives_nones_gradients_on_every_registered_op)
+{
+    int checked = 0, budget_ok = 0;
+    for (int oi = 0; oi < tg_op_count(); oi++) {
+        const tg_op *op = tg_op_at(oi);
+        if (tg_op_mark(op) != TG_AD_BACKWARD || !op->sample) continue;
+        tg_rng rng;
+        tg_rng_seed(&rng, 99);
+        for (int k = 0; k < 64; k++) {
+            op_case c = {.op = op};
+            tg_tensor *in[TG_OP_MAX_INPUTS] = {0};
+            tg_scope_begin();
+            int n = op->sample(k, &rng, in, &c.attrs);
+            for (int i = 0; i < n; i++)
+                if (in[i]) tg_tensor_retain(in[i]); /* own them whatever the sample did */
+            tg_scope_end();
+            if (n <= 0) {
+                for (int i = 0; i < TG_OP_MAX_INPUTS; i++) tg_tensor_release(in[i]);
+                break;
+            }
+            size_t n0, nv, peak0 = 0, peak = 0;
+            double *g0 = run_op(NONE, 0, &c, n, in, &n0, &peak0);
+            cr_assert_not_null(g0);
+            for (int v = BALANCED; v < NVARIANTS; v++) {
+                size_t budget = peak0 / 2;
+                double *gv = run_op(v, budget, &c, n, in, &nv, &peak);
+                if (v == BUDGET && !gv) continue; /* untracked inputs need more */
+                cr_assert_not_null(gv, "op '%s' case %d under %s", op->name, k, variant_names[v]);
+                if (v == BUDGET) {
+                    cr_assert_leq(peak, budget, "op '%s' exceeded its budget", op->name);
+                    budget_ok++;
+                }
+                cr_assert_eq(nv, n0);
+                cr_expect_eq(memcmp(g0, gv, n0 * sizeof(double)), 0,
+                             "op '%s' case %d: %s gradients differ from none's", op->name, k,
+                             variant_names[v]);
+                free(gv);
+            }
+            free(g0);
+            checked++;
+            for (int i = 0; i < TG_OP_MAX_INPUTS; i++) tg_tensor_release(in[i]);
+        }
+    }
+    cr_assert_gt(checked, 100, "only %d cases checked", checked);
+    cr_assert_gt(budget_ok, checked / 2, "BUDGET ran only %d of %d cases", budget_ok, checked);
+}
+
+/* ---- composite models */
+typedef tg_tensor *(*model_fn)(tg_tape *tape, int variant, tg_tensor **p, tg_tensor *x,
+                               tg_tensor *y);
+
+static void compare_policies(const char *name, model_fn f, int np, tg_tensor **p, tg_tensor *x,
+                             tg_tensor *y, size_t *none_peak, size_t *segment_peak)
+{
+    double *g0 = NULL;
+    size_t n0 = 0;
+    for (int v = NONE; v < NVARIANTS; v++) {
+        tg_tape *tape = tape_for(v, v == BUDGET ? (*none_peak ? *none_peak / 2 : SIZE_MAX) : 0);
+        for (int i = 0; i < np; i++) cr_assert_eq(tg_requires_grad(tape, p[i]), TG_OK);
+        tg_scope_begin();
+        tg_tensor *loss = f(tape, v, p, x, y);
+        cr_assert_not_null(loss, "%s under %s: %s", name, variant_names[v], tg_last_error_message());
+        size_t peak = tg_tape_saved_peak_bytes(tape);
+        if (v == NONE) *none_peak = peak;
+        if (v == SEGMENT && segment_peak) *segment_peak = peak;
+        if (v == BUDGET) cr_assert_leq(peak, *none_peak / 2, "%s exceeded its budget", name);
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s under %s: %s", name, variant_names[v],
+                     tg_last_error_message());
+        tg_scope_end();
+        size_t n;
+        double *g = grads_of(np, p, &n);
+        if (v == NONE) {
+            g0 = g;
+            n0 = n;
+        } else {
+            cr_assert_eq(n, n0);
+            cr_expect_eq(memcmp(g0, g, n * sizeof(double)), 0, "%s: %s gradients differ", name,
+                         variant_names[v]);
+            free(g);
+        }
+        if (v != NONE) cr_expect_gt(tg_tape_recompute_count(tape), 0, "%s under %s recomputed nothing",
+                                    name, variant_names[v]);
+        tg_tape_free(tape);
+    }
+    free(g0);
+}
+
+/* MLP 64-32-10, relu, cross-entropy; segments per layer. */
+static tg_tensor *mlp_layer(void *ud, int l, tg_tensor *h)
+{
+    tg_tensor **p = ud;
+    tg_tensor *z = tg_add(tg_matmul(h, p[2 * l]), p[2 * l + 1]);
+    return l == 0 ? tg_relu(z) : z;
+}
+
+static tg_tensor *mlp(tg_tape *tape, int variant, tg_tensor **p, tg_tensor *x, tg_tensor *y)
+{
+    tg_tensor *logits = variant == SEGMENT ? tg_checkpoint_sequential(tape, 2, 2, mlp_layer, p, x)
+                                           : mlp_layer(p, 1, mlp_layer(p, 0, x));
+    return tg_cross_entropy(logits, y);
+}
+
+Test(checkpoint, mlp_gradients_match_under_every_policy)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 1);
+    tg_tensor *p[4] = {
+        tg_rand_normal(&rng, TG_F64, 2, SHAPE(64, 32), 0, 0.2),
+        tg_rand_normal(&rng, TG_F64, 1, SHAPE(32), 0, 0.1),
+        tg_rand_normal(&rng, TG_F64, 2, SHAPE(32, 10), 0, 0.2),
+        tg_rand_normal(&rng, TG_F64, 1, SHAPE(10), 0, 0.1),
+    };
+    tg_tensor *x = tg_rand_normal(&rng, TG_F64, 2, SHAPE(16, 64), 0, 1);
+    int64_t labels[16];
+    for (int i = 0; i < 16; i++) labels[i] = i % 10;
+    tg_tensor *y = tg_tensor_from_data(TG_I64, 1, SHAPE(16), labels);
+    size_t none_peak = 0;
+    compare_policies("mlp", mlp, 4, p, x, y, &none_peak, NULL);
+    for (int i = 0; i < 4; i++) tg_tensor_release(p[i]);
+    tg_tensor_release(x);
+    tg_tensor_release(y);
+}
+
+/* LSTM cell unrolled over 32 steps: gates = x Wx + h Wh + b, split with
+ * narrow; loss = mean of the squared final-step h plus every step's sum. */
+enum { T = 32, B = 2, D = 4, H = 6 };
+
+static tg_tensor *lstm_step(void *ud, int t, tg_tensor *hc)
+{
+    tg_tensor **p = ud; /* Wx, Wh, b, then xs[T] */
+    tg_tensor *h = tg_narrow(hc, 1, 0, H), *c = tg_narrow(hc, 1, H, H);
+    tg_tensor *gates = tg_add(tg_add(tg_matmul(p[3 + t], p[0]), tg_matmul(h, p[1])), p[2]);
+    tg_tensor *i = tg_sigmoid(tg_narrow(gates, 1, 0, H));
+    tg_tensor *f = tg_sigmoid(tg_narrow(gates, 1, H, H));
+    tg_tensor *g = tg_tanh(tg_narrow(gates, 1, 2 * H, H));
+    tg_tensor *o = tg_sigmoid(tg_narrow(gates, 1, 3 * H, H));
+    tg_tensor *c2 = tg_add(tg_mul(f, c), tg_mul(i, g));
+    tg_tensor *h2 = tg_mul(o, tg_tanh(c2));
+    tg_tensor *both[2] = {h2, c2};
+    return tg_concat(2, both, 1);
+}
+
+static tg_tensor *lstm(tg_tape *tape, int variant, tg_tensor **p, tg_tensor *x, tg_tensor *y)
+{
+    (void)y;
+    tg_tensor *hc = x; /* zeros (B, 2H) */
+    if (variant == SEGMENT)
+        hc = tg_checkpoint_sequential(tape, T, 0, lstm_step, p, hc);
+    else
+        for (int t = 0; t < T; t++) hc = lstm_step(p, t, hc);
+    return tg_mean(tg_pow_scalar(hc, 2.0));
+}
+
+Test(checkpoint, lstm_unrolled_over_32_steps_matches_under_every_policy)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 2);
+    tg_tensor *p[3 + T];
+    p[0] = tg_rand_normal(&rng, TG_F64, 2, SHAPE(D, 4 * H), 0, 0.4);
+    p[1] = tg_rand_normal(&rng, TG_F64, 2, SHAPE(H, 4 * H), 0, 0.4);
+    p[2] = tg_rand_normal(&rng, TG_F64, 1, SHAPE(4 * H), 0, 0.1);
+    for (int t = 0; t < T; t++) p[3 + t] = tg_rand_normal(&rng, TG_F64, 2, SHAPE(B, D), 0, 1);
+    tg_tensor *h0 = tg_zeros(TG_F64, 2, SHAPE(B, 2 * H));
+    size_t none_peak = 0, seg_peak = 0;
+    compare_policies("lstm", lstm, 3, p, h0, NULL, &none_peak, &seg_peak);
+    cr_expect_lt(seg_peak, none_peak / 2, "segments kept %zu of %zu bytes", seg_peak, none_peak);
+    for (int i = 0; i < 3 + T; i++) tg_tensor_release(p[i]);
+    tg_tensor_release(h0);
+}
+
+/* 16 layers Linear(1024) + ReLU; sqrt(16) = 4 segments. */
+enum { LAYERS = 16, WIDTH = 1024, BATCH = 8 };
+
+static tg_tensor *deep_layer(void *ud, int l, tg_tensor *h)
+{
+    tg_tensor **p = ud;
+    return tg_relu(tg_add(tg_matmul(h, p[2 * l]), p[2 * l + 1]));
+}
+
+static tg_tensor *deep(tg_tape *tape, int variant, tg_tensor **p, tg_tensor *x, tg_tensor *y)
+{
+    (void)y;
+    tg_tensor *h = x;
+    if (variant == SEGMENT)
+        h = tg_checkpoint_sequential(tape, LAYERS, 0, deep_layer, p, h);
+    else
+        for (int l = 0; l < LAYERS; l++) h = deep_layer(p, l, h);
+    return tg_mean(h);
+}
+
+Test(checkpoint, sqrt_segments_keep_a_third_of_the_saved_bytes_on_a_16_layer_mlp)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 3);
+    tg_tensor *p[2 * LAYERS];
+    for (int l = 0; l < LAYERS; l++) {
+        p[2 * l] = tg_rand_normal(&rng, TG_F64, 2, SHAPE(WIDTH, WIDTH), 0, sqrt(2.0 / WIDTH));
+        p[2 * l + 1] = tg_rand_normal(&rng, TG_F64, 1, SHAPE(WIDTH), 0, 0.01);
+    }
+    tg_tensor *x = tg_rand_normal(&rng, TG_F64, 2, SHAPE(BATCH, WIDTH), 0, 1);
+    size_t none_peak = 0, seg_peak = 0;
+    compare_policies("deep", deep, 2 * LAYERS, p, x, NULL, &none_peak, &seg_peak);
+    /* NONE keeps two (BATCH, WIDTH) activations a layer (matmul's input,
+     * relu's input); the segments keep the four group inputs. */
+    cr_assert_eq(none_peak, (size_t)2 * LAYERS * BATCH * WIDTH * 8);
+    cr_expect_leq(3 * seg_peak, none_peak, "segments kept %zu bytes, none %zu", seg_peak,
+                  none_peak);
+    for (int i = 0; i < 2 * LAYERS; i++) tg_tensor_release(p[i]);
+    tg_tensor_release(x);
+}
+
+Test(checkpoint, budget_below_the_minimum_fails_at_the_op_and_leaves_the_tape_usable)
+{
+    tg_tape *tape = tape_for(BUDGET, 100);
+    tg_tensor *w = tg_ones(TG_F64, 2, SHAPE(4, 4));
+    cr_assert_eq(tg_requires_grad(tape, w), TG_OK);
+    tg_tensor *data = tg_ones(TG_F64, 2, SHAPE(8, 4)); /* untracked: 256 bytes must be kept */
+    tg_tensor *y = tg_matmul(data, w);
+    cr_assert_null(y);
+    cr_assert_eq(tg_last_error(), TG_ERR_BUDGET);
+    cr_assert(strstr(tg_last_error_message(), "'matmul'") != NULL, "%s", tg_last_error_message());
+    cr_assert_leq(tg_tape_saved_peak_bytes(tape), 100);
+    /* the tape still records what fits */
+    tg_tensor *l = tg_sum(tg_tanh(w));
+    cr_assert_not_null(l, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(l), TG_OK, "%s", tg_last_error_message());
+    cr_assert_not_null(tg_grad(w));
+    cr_assert_leq(tg_tape_saved_peak_bytes(tape), 100);
+    tg_tensor_release(l);
+    tg_tensor_release(data);
+    tg_tensor_release(w);
+    tg_tape_free(tape);
+}
+
+Test(checkpoint, dropout_replays_the_same_mask_when_recomputed)
+{
+    tg_tensor *x = tg_full(TG_F64, 1, SHAPE(1000), 0.5);
+    double *g[3];
+    size_t n;
+    for (int v = 0; v < 3; v++) {
+        tg_tape *tape = tape_for(v == 0 ? NONE : v == 1 ? BALANCED : NONE, 0);
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        tg_rng rng;
+        tg_rng_seed(&rng, 17);
+        tg_scope_begin();
+        if (v == 2) tg_checkpoint_begin(tape);
+        tg_tensor *l = tg_sum(tg_tanh(tg_dropout(tg_mul(x, x), 0.3, true, &rng)));
+        if (v == 2) tg_checkpoint_end(tape);
+        cr_assert_eq(tg_backward(l), TG_OK, "%s", tg_last_error_message());
+        tg_scope_end();
+        g[v] = grads_of(1, &x, &n);
+        if (v) cr_assert_gt(tg_tape_recompute_count(tape), 0);
+        tg_tape_free(tape);
+    }
+    int zeros = 0;
+    for (size_t i = 0; i < n; i++) zeros += g[0][i] == 0.0;
+    cr_assert(zeros > 200 && zeros < 400, "%d dropped of 1000", zeros);
+    cr_assert_eq(memcmp(g[0], g[1], n * sizeof(double)), 0);
+    cr_assert_eq(memcmp(g[0], g[2], n * sizeof(double)), 0);
+    for (int v = 0; v < 3; v++) free(g[v]);
+    tg_tensor_release(x);
+}
+
+Test(checkpoint, segments_nest_and_an_unmatched_end_fails)
+{
+    tg_tape *tape = tape_for(NONE, 0);
+    cr_assert_eq(tg_checkpoint_end(tape), TG_ERR_INVALID);
+    tg_tensor *x = tg_full(TG_F64, 1, SHAPE(8), 0.3);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    tg_scope_begin();
+    cr_assert_eq(tg_checkpoint_begin(tape), TG_OK);
+    tg_tensor *a = tg_exp(x);
+    cr_assert_eq(tg_checkpoint_begin(tape), TG_OK);
+    tg_tensor *b = tg_tanh(a);
+    cr_assert_eq(tg_checkpoint_end(tape), TG_OK);
+    tg_tensor *c = tg_mul(b, a);
+    cr_assert_eq(tg_checkpoint_end(tape), TG_OK);
+    cr_assert_eq(tg_tape_saved_bytes(tape), 0, "a segment over leaves keeps nothing");
+    cr_assert_eq(tg_backward(tg_sum(c)), TG_OK, "%s", tg_last_error_message());
+    /* d/dx tanh(e^x) e^x */
+    double gx, e = exp(0.3), t = tanh(e);
+    cr_assert_eq(tg_tensor_get(tg_grad(x), 0, &gx), TG_OK);
+    cr_assert_float_eq(gx, (1 - t * t) * e * e + t * e, 1e-12);
+    cr_assert_eq(tg_backward(tg_sum(c)), TG_ERR_STALE, "a second backward over a recomputed graph");
+    tg_scope_end();
+    tg_tensor_release(x);
+    tg_tape_free(tape);
+}
+
+Test(checkpoint, unknown_policy_is_rejected)
+{
+    tg_tape_opts o = {.policy = (tg_checkpoint_policy)7};
+    cr_assert_null(tg_tape_new(&o));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+}
