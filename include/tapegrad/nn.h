@@ -1,9 +1,66 @@
 /* tapegrad/nn.h - neural-network ops: convolution, pooling,
  * normalisation. Included by <tapegrad.h>; do not include directly.
- * Conventions as in ops.h (new references, sticky NULLs, recording). */
+ * Conventions as in ops.h (new references, sticky NULLs, recording).
+ * Images are NCHW: x (N, C, H, W), floating, contiguous or not. Optional
+ * tensors (bias, norm weights) may be NULL; a NULL there means "absent",
+ * so check a nested expression passed in such a slot yourself. */
 #ifndef TAPEGRAD_NN_H
 #define TAPEGRAD_NN_H
 
 #include "tensor.h"
+
+/* Convolution options, by pointer; NULL or a zeroed struct gives the
+ * defaults: stride 1, padding 0, dilation 1, groups 1. Index 0 is the
+ * height, 1 the width. */
+typedef struct tg_conv2d_opts {
+    int stride[2];   /* >= 1; 0 means 1 */
+    int padding[2];  /* >= 0, zero padding on both sides */
+    int dilation[2]; /* >= 1; 0 means 1 */
+    int groups;      /* >= 1, divides C and O; 0 means 1 */
+} tg_conv2d_opts;
+
+/* y[n,o] = b[o] + sum_{c,i,j} w[o,c,i,j] x[n, g*C/G + c, oh*s + i*d - p, ...]
+ * (cross-correlation, as in PyTorch). x (N, C, H, W), w (O, C/groups, KH,
+ * KW), bias (O) or NULL; y (N, O, OH, OW) with
+ * OH = (H + 2 pad - dil (KH - 1) - 1) / stride + 1 (floor), likewise OW.
+ * TG_ERR_SHAPE when channels do not match, TG_ERR_INVALID for bad opts. */
+tg_tensor *tg_conv2d(tg_tensor *x, tg_tensor *w, tg_tensor *bias, const tg_conv2d_opts *opts);
+
+/* Pooling options, by pointer (required). padding <= kernel / 2. */
+typedef struct tg_pool2d_opts {
+    int kernel[2];   /* >= 1 */
+    int stride[2];   /* >= 1; 0 means the kernel size (PyTorch's default) */
+    int padding[2];  /* >= 0 */
+    /* avg_pool2d only. false (default): padded cells count in the divisor,
+     * PyTorch's count_include_pad=True; true: divide by the number of
+     * in-bounds cells. */
+    bool exclude_pad;
+} tg_pool2d_opts;
+
+/* y[n,c,oh,ow] = max of x over the window (padding is -inf). x (N, C, H, W),
+ * y (N, C, OH, OW), OH = (H + 2 pad - kernel) / stride + 1 (floor). The
+ * gradient goes to the first maximal cell of each window. */
+tg_tensor *tg_max_pool2d(tg_tensor *x, const tg_pool2d_opts *opts);
+/* y[n,c,oh,ow] = mean of x over the window (padding is 0; divisor as in
+ * opts->exclude_pad). Shapes as for max_pool2d. */
+tg_tensor *tg_avg_pool2d(tg_tensor *x, const tg_pool2d_opts *opts);
+
+/* y = (x - mean) / sqrt(var + eps) * weight + bias, mean and biased var
+ * over the last ndims dims of x (1 <= ndims <= ndim). weight and bias have
+ * the shape of those dims, or are NULL (1 and 0). eps >= 0. */
+tg_tensor *tg_layer_norm(tg_tensor *x, int ndims, tg_tensor *weight, tg_tensor *bias, double eps);
+
+/* y = (x - mean_c) / sqrt(var_c + eps) * weight_c + bias_c per channel c,
+ * for x (N, C) or (N, C, *) (e.g. NCHW). weight, bias (C) or NULL.
+ * training: mean_c, var_c are the batch statistics over every dim but 1
+ * (biased var; needs more than one value per channel); then, if given,
+ * running_mean and running_var (C) are updated in place,
+ * r = (1 - momentum) r + momentum s, with the unbiased batch var. Evaluation
+ * (!training): the running statistics are used and are required. Running
+ * tensors are plain untracked tensors of x's dtype and backend (never
+ * differentiated; TG_ERR_INVALID if one requires grad); gradients flow to x,
+ * weight and bias. */
+tg_tensor *tg_batch_norm(tg_tensor *x, tg_tensor *weight, tg_tensor *bias, tg_tensor *running_mean,
+                         tg_tensor *running_var, bool training, double momentum, double eps);
 
 #endif

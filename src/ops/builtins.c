@@ -24,7 +24,11 @@
     X(gather_backward) X(embedding)
 
 /* Neural-network ops: conv, pooling, normalisation (src/ops/nn_*.c). */
-#define TG_BUILTIN_NN_OPS(X)
+#define TG_BUILTIN_NN_OPS(X)                                                        \
+    X(conv2d) X(conv2d_backward_input) X(conv2d_backward_weight) X(bias_grad)       \
+    X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward)       \
+    X(layer_norm) X(layer_norm_backward) X(layer_norm_backward_weight)              \
+    X(batch_norm) X(batch_norm_backward) X(batch_norm_backward_weight)
 
 #define TG__DECLARE(name) extern const tg_op tg__op_##name;
 TG_BUILTIN_OPS(TG__DECLARE)

@@ -1,0 +1,661 @@
+/* test_nn_ops.c - conv2d, max/avg pooling, layer norm and batch norm:
+ * forward values against hand-computed numbers on both backends and both
+ * float dtypes, conv2d against a direct 7-loop convolution (forward and
+ * gradients), gradients of the wrappers (no bias, evaluation mode), the
+ * running statistics, and error cases by exact status code. */
+#include <criterion/criterion.h>
+#include <tapegrad.h>
+
+#include <math.h>
+#include <string.h>
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define VALS(...) ((const double[]){__VA_ARGS__})
+#define NV(...) ((int64_t)(sizeof(VALS(__VA_ARGS__)) / sizeof(double)))
+
+static const tg_backend backends[2] = {TG_BACKEND_REF, TG_BACKEND_CPU};
+static const tg_dtype dtypes[2] = {TG_F32, TG_F64};
+
+/* Tensor of dtype on the current default backend from double values. */
+static tg_tensor *make(tg_dtype dt, int ndim, const int64_t *shape, const double *v)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    tg_tensor *t = tg_tensor_from_data(TG_F64, ndim, shape, v);
+    cr_assert_not_null(t, "%s", tg_last_error_message());
+    if (dt != TG_F64) t = tg_cast(t, dt);
+    cr_assert_not_null(t, "%s", tg_last_error_message());
+    (void)n;
+    return t;
+}
+
+static tg_tensor *iota(tg_dtype dt, int ndim, const int64_t *shape, double start)
+{
+    double v[256];
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    cr_assert(n <= 256);
+    for (int64_t i = 0; i < n; i++) v[i] = start + (double)i;
+    return make(dt, ndim, shape, v);
+}
+
+static void expect_values(const tg_tensor *t, const double *want, int64_t n, double tol)
+{
+    cr_assert_not_null(t, "tensor is NULL (%s: %s)", tg_strerror(tg_last_error()),
+                       tg_last_error_message());
+    cr_assert_eq(tg_tensor_numel(t), n, "numel %lld, expected %lld", (long long)tg_tensor_numel(t),
+                 (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        double v = NAN;
+        cr_assert_eq(tg_tensor_get(t, i, &v), TG_OK);
+        double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
+        cr_assert(fabs(v - want[i]) <= tol * scale, "%s %s element %lld is %.17g, expected %.17g",
+                  tg_backend_name(tg_tensor_backend(t)), tg_dtype_name(tg_tensor_dtype(t)),
+                  (long long)i, v, want[i]);
+    }
+}
+
+static void expect_shape(const tg_tensor *t, int ndim, const int64_t *shape)
+{
+    cr_assert_not_null(t, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tensor_ndim(t), ndim);
+    for (int i = 0; i < ndim; i++)
+        cr_assert_eq(tg_tensor_shape(t)[i], shape[i], "dim %d is %lld, expected %lld", i,
+                     (long long)tg_tensor_shape(t)[i], (long long)shape[i]);
+}
+
+static double tol_of(tg_dtype dt)
+{
+    return dt == TG_F32 ? 2e-6 : 1e-12;
+}
+
+static void setup(void)
+{
+    tg_error_clear();
+    tg_set_default_backend(TG_BACKEND_CPU);
+    tg_scope_begin();
+}
+
+static void teardown(void)
+{
+    tg_scope_end();
+    tg_set_default_backend(TG_BACKEND_CPU);
+}
+
+TestSuite(nn_ops, .init = setup, .fini = teardown);
+
+static tg_backend use_backend(int i)
+{
+    tg_set_default_backend(backends[i]);
+    return backends[i];
+}
+
+/* Runs the body once per (backend, dtype), with that backend the default
+ * (the inner one-shot loops only declare be and dt). */
+#define FOR_EACH_BACKEND_DTYPE(be, dt)                                            \
+    for (int k_ = 0; k_ < 4; k_++)                                                \
+        for (tg_backend be = use_backend(k_ / 2), *p_ = &be; p_; p_ = NULL)       \
+            for (tg_dtype dt = dtypes[k_ % 2], *q_ = &dt; q_; q_ = NULL)
+
+/* ---- conv2d forward */
+
+Test(nn_ops, conv2d_of_a_3x3_image_with_a_2x2_kernel_and_bias)
+{
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 3, 3), 1);
+        tg_tensor *w = make(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
+        tg_tensor *b = make(dt, 1, SHAPE(1), VALS(1));
+        tg_tensor *y = tg_conv2d(x, w, b, NULL);
+        expect_shape(y, 4, SHAPE(1, 1, 2, 2));
+        cr_assert_eq(tg_tensor_backend(y), be);
+        expect_values(y, VALS(38, 48, 68, 78), 4, tol_of(dt));
+        expect_values(tg_conv2d(x, w, NULL, NULL), VALS(37, 47, 67, 77), 4, tol_of(dt));
+    }
+}
+
+Test(nn_ops, conv2d_with_stride_2_padding_1_dilation_2)
+{
+    /* x[h][w] = 5h + w; taps at offsets 0 and 2 in each dim, rows/cols
+     * 2*o - 1 + {0, 2}; out-of-range taps read the zero padding. */
+    tg_conv2d_opts o = {.stride = {2, 2}, .padding = {1, 1}, .dilation = {2, 2}};
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 5, 5), 0);
+        tg_tensor *w = make(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
+        tg_tensor *y = tg_conv2d(x, w, NULL, &o);
+        expect_shape(y, 4, SHAPE(1, 1, 3, 3));
+        expect_values(y, VALS(24, 50, 24, 76, 142, 62, 32, 52, 18), 9, tol_of(dt));
+    }
+}
+
+Test(nn_ops, conv2d_with_two_groups_and_a_1x1_kernel)
+{
+    /* Channel pairs: out 0 = 1*x0 + 2*x1, out 1 = 3*x2 - x3. */
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        tg_tensor *x = make(dt, 4, SHAPE(1, 4, 1, 2), VALS(1, 2, 3, 4, 5, 6, 7, 8));
+        tg_tensor *w = make(dt, 4, SHAPE(2, 2, 1, 1), VALS(1, 2, 3, -1));
+        tg_conv2d_opts o = {.groups = 2};
+        tg_tensor *y = tg_conv2d(x, w, NULL, &o);
+        expect_shape(y, 4, SHAPE(1, 2, 1, 2));
+        expect_values(y, VALS(7, 10, 8, 10), 4, tol_of(dt));
+    }
+}
+
+Test(nn_ops, conv2d_gradients_of_the_sum_are_hand_computed)
+{
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        if (dt != TG_F64) continue; /* leaves of f64 suffice; values are exact */
+        tg_tape *tape = tg_tape_new(NULL);
+        tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 3, 3), 1);
+        tg_tensor *w = make(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
+        tg_tensor *b = make(dt, 1, SHAPE(1), VALS(1));
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        cr_assert_eq(tg_requires_grad(tape, w), TG_OK);
+        cr_assert_eq(tg_requires_grad(tape, b), TG_OK);
+        cr_assert_eq(tg_backward(tg_sum(tg_conv2d(x, w, b, NULL))), TG_OK, "%s",
+                     tg_last_error_message());
+        expect_values(tg_grad(x), VALS(1, 3, 2, 4, 10, 6, 3, 7, 4), 9, 1e-12);
+        expect_values(tg_grad(w), VALS(12, 16, 24, 28), 4, 1e-12);
+        expect_values(tg_grad(b), VALS(4), 1, 1e-12);
+        tg_tape_free(tape);
+    }
+}
+
+/* Direct convolution, the independent oracle for the im2col path. */
+typedef struct conv_case {
+    int64_t N, C, H, W, O, KH, KW;
+    int sh, sw, ph, pw, dh, dw, G;
+} conv_case;
+
+static int64_t extent(int64_t in, int64_t k, int s, int p, int d)
+{
+    return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+}
+
+static void direct_conv(const conv_case *c, const double *x, const double *w, const double *b,
+                        const double *gy, double *y, double *gx, double *gw)
+{
+    int64_t OH = extent(c->H, c->KH, c->sh, c->ph, c->dh);
+    int64_t OW = extent(c->W, c->KW, c->sw, c->pw, c->dw);
+    int64_t Cg = c->C / c->G, Og = c->O / c->G;
+    memset(gx, 0, sizeof(double) * (size_t)(c->N * c->C * c->H * c->W));
+    memset(gw, 0, sizeof(double) * (size_t)(c->O * Cg * c->KH * c->KW));
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t o = 0; o < c->O; o++)
+            for (int64_t oh = 0; oh < OH; oh++)
+                for (int64_t ow = 0; ow < OW; ow++) {
+                    int64_t yi = ((n * c->O + o) * OH + oh) * OW + ow;
+                    double acc = b[o];
+                    for (int64_t cc = 0; cc < Cg; cc++)
+                        for (int64_t i = 0; i < c->KH; i++)
+                            for (int64_t j = 0; j < c->KW; j++) {
+                                int64_t ih = oh * c->sh - c->ph + i * c->dh;
+                                int64_t iw = ow * c->sw - c->pw + j * c->dw;
+                                if (ih < 0 || ih >= c->H || iw < 0 || iw >= c->W) continue;
+                                int64_t ci = (o / Og) * Cg + cc;
+                                int64_t xi = ((n * c->C + ci) * c->H + ih) * c->W + iw;
+                                int64_t wi = ((o * Cg + cc) * c->KH + i) * c->KW + j;
+                                acc += w[wi] * x[xi];
+                                gx[xi] += gy[yi] * w[wi];
+                                gw[wi] += gy[yi] * x[xi];
+                            }
+                    y[yi] = acc;
+                }
+}
+
+Test(nn_ops, conv2d_matches_a_direct_convolution_forward_and_backward)
+{
+    static const conv_case cases[] = {
+        {2, 4, 7, 6, 6, 3, 2, 2, 1, 1, 2, 2, 1, 2},
+        {1, 3, 6, 6, 2, 3, 3, 2, 2, 1, 1, 2, 2, 1},
+        {2, 2, 5, 5, 4, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+        {1, 2, 5, 4, 3, 1, 1, 2, 2, 1, 0, 1, 1, 1},
+        {1, 1, 4, 3, 2, 2, 2, 1, 1, 1, 1, 1, 3, 1}, /* a tap beyond the right edge */
+    };
+    static double x[512], w[512], b[16], gy[512], y[512], gx[512], gw[512];
+    tg_rng rng;
+    tg_rng_seed(&rng, 7);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const conv_case *c = &cases[k];
+        int64_t OH = extent(c->H, c->KH, c->sh, c->ph, c->dh);
+        int64_t OW = extent(c->W, c->KW, c->sw, c->pw, c->dw);
+        int64_t nx = c->N * c->C * c->H * c->W, nw = c->O * (c->C / c->G) * c->KH * c->KW;
+        int64_t ny = c->N * c->O * OH * OW;
+        cr_assert(nx <= 512 && nw <= 512 && ny <= 512);
+        for (int64_t i = 0; i < nx; i++) x[i] = tg_rng_double(&rng) * 2 - 1;
+        for (int64_t i = 0; i < nw; i++) w[i] = tg_rng_double(&rng) * 2 - 1;
+        for (int64_t i = 0; i < c->O; i++) b[i] = tg_rng_double(&rng) * 2 - 1;
+        for (int64_t i = 0; i < ny; i++) gy[i] = tg_rng_double(&rng) * 2 - 1;
+        direct_conv(c, x, w, b, gy, y, gx, gw);
+        tg_conv2d_opts o = {.stride = {c->sh, c->sw}, .padding = {c->ph, c->pw},
+                            .dilation = {c->dh, c->dw}, .groups = c->G};
+        FOR_EACH_BACKEND_DTYPE(be, dt) {
+            (void)be;
+            tg_tape *tape = tg_tape_new(NULL);
+            tg_tensor *tx = make(dt, 4, SHAPE(c->N, c->C, c->H, c->W), x);
+            tg_tensor *tw = make(dt, 4, SHAPE(c->O, c->C / c->G, c->KH, c->KW), w);
+            tg_tensor *tb = make(dt, 1, SHAPE(c->O), b);
+            tg_tensor *seed = make(dt, 4, SHAPE(c->N, c->O, OH, OW), gy);
+            cr_assert_eq(tg_requires_grad(tape, tx), TG_OK);
+            cr_assert_eq(tg_requires_grad(tape, tw), TG_OK);
+            tg_tensor *ty = tg_conv2d(tx, tw, tb, &o);
+            expect_shape(ty, 4, SHAPE(c->N, c->O, OH, OW));
+            double tol = dt == TG_F32 ? 1e-5 : 1e-12;
+            expect_values(ty, y, ny, tol);
+            cr_assert_eq(tg_backward_seed(ty, seed), TG_OK, "%s", tg_last_error_message());
+            expect_values(tg_grad(tx), gx, nx, tol);
+            expect_values(tg_grad(tw), gw, nw, tol);
+            tg_tape_free(tape);
+        }
+    }
+}
+
+/* ---- pooling */
+
+Test(nn_ops, max_pool2d_picks_window_maxima_and_routes_the_gradient_there)
+{
+    tg_pool2d_opts o2 = {.kernel = {2, 2}};
+    tg_pool2d_opts o3 = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        tg_tensor *x = make(dt, 4, SHAPE(1, 1, 4, 4),
+                            VALS(1, 5, 2, 0, 3, -1, 7, 6, 0, 0, -2, -3, 9, 4, -4, -1));
+        tg_tensor *y = tg_max_pool2d(x, &o2);
+        expect_shape(y, 4, SHAPE(1, 1, 2, 2));
+        expect_values(y, VALS(5, 7, 9, -1), 4, 0);
+        /* x[h][w] = 4h + w grows to the bottom right of each window. */
+        expect_values(tg_max_pool2d(iota(dt, 4, SHAPE(1, 1, 4, 4), 0), &o3), VALS(5, 7, 13, 15), 4,
+                      0);
+    }
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        if (dt != TG_F64) continue;
+        /* Overlapping 2x2 stride-1 windows all pick the centre: its
+         * gradient accumulates four times. */
+        tg_tape *tape = tg_tape_new(NULL);
+        tg_tensor *x = make(dt, 4, SHAPE(1, 1, 3, 3), VALS(1, 2, 3, 4, 9, 5, 6, 7, 8));
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        tg_pool2d_opts o = {.kernel = {2, 2}, .stride = {1, 1}};
+        tg_tensor *y = tg_max_pool2d(x, &o);
+        expect_values(y, VALS(9, 9, 9, 9), 4, 0);
+        cr_assert_eq(tg_backward(tg_sum(y)), TG_OK, "%s", tg_last_error_message());
+        expect_values(tg_grad(x), VALS(0, 0, 0, 0, 4, 0, 0, 0, 0), 9, 0);
+        tg_tape_free(tape);
+    }
+}
+
+Test(nn_ops, avg_pool2d_counts_padding_by_default_and_can_exclude_it)
+{
+    tg_pool2d_opts o = {.kernel = {2, 2}, .stride = {1, 1}};
+    tg_pool2d_opts pad = {.kernel = {2, 2}, .stride = {2, 2}, .padding = {1, 1}};
+    tg_pool2d_opts excl = pad;
+    excl.exclude_pad = true;
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 3, 3), 1);
+        expect_values(tg_avg_pool2d(x, &o), VALS(3, 4, 6, 7), 4, tol_of(dt));
+        tg_tensor *y = tg_avg_pool2d(x, &pad);
+        expect_shape(y, 4, SHAPE(1, 1, 2, 2));
+        expect_values(y, VALS(0.25, 1.25, 2.75, 7), 4, tol_of(dt));
+        expect_values(tg_avg_pool2d(x, &excl), VALS(1, 2.5, 5.5, 7), 4, tol_of(dt));
+    }
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        if (dt != TG_F64) continue;
+        tg_tape *tape = tg_tape_new(NULL);
+        tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 3, 3), 1);
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        cr_assert_eq(tg_backward(tg_sum(tg_avg_pool2d(x, &o))), TG_OK, "%s",
+                     tg_last_error_message());
+        expect_values(tg_grad(x), VALS(0.25, 0.5, 0.25, 0.5, 1, 0.5, 0.25, 0.5, 0.25), 9, 1e-15);
+        tg_tape_free(tape);
+    }
+}
+
+/* ---- layer norm */
+
+Test(nn_ops, layer_norm_over_the_last_dim_and_the_last_two)
+{
+    double r = sqrt(1.5), s5 = sqrt(5.0);
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        tg_tensor *x = make(dt, 2, SHAPE(2, 3), VALS(1, 2, 3, 2, 4, 6));
+        expect_values(tg_layer_norm(x, 1, NULL, NULL, 0.0), VALS(-r, 0, r, -r, 0, r), 6,
+                      tol_of(dt));
+        tg_tensor *w = make(dt, 1, SHAPE(3), VALS(1, 2, 3));
+        tg_tensor *b = make(dt, 1, SHAPE(3), VALS(0, 1, 0));
+        tg_tensor *y = tg_layer_norm(x, 1, w, b, 0.0);
+        expect_shape(y, 2, SHAPE(2, 3));
+        expect_values(y, VALS(-r, 1, 3 * r, -r, 1, 3 * r), 6, tol_of(dt));
+        tg_tensor *x3 = make(dt, 3, SHAPE(1, 2, 2), VALS(0, 2, 4, 6));
+        expect_values(tg_layer_norm(x3, 2, NULL, NULL, 0.0), VALS(-3 / s5, -1 / s5, 1 / s5, 3 / s5),
+                      4, tol_of(dt));
+        /* eps enters under the root: var 1 + eps 3 halves the output. */
+        tg_tensor *x2 = make(dt, 1, SHAPE(2), VALS(-1, 1));
+        expect_values(tg_layer_norm(x2, 1, NULL, NULL, 3.0), VALS(-0.5, 0.5), 2, tol_of(dt));
+    }
+}
+
+/* ---- batch norm */
+
+Test(nn_ops, batch_norm_training_uses_batch_statistics_and_updates_running_ones)
+{
+    double a = 1.5 / sqrt(1.25), c = 0.5 / sqrt(1.25);
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        tg_tensor *x = make(dt, 2, SHAPE(4, 2), VALS(1, 0, 2, 0, 3, 4, 4, 4));
+        tg_tensor *rm = make(dt, 1, SHAPE(2), VALS(0, 0));
+        tg_tensor *rv = make(dt, 1, SHAPE(2), VALS(1, 1));
+        tg_tensor *y = tg_batch_norm(x, NULL, NULL, rm, rv, true, 0.1, 0.0);
+        expect_shape(y, 2, SHAPE(4, 2));
+        expect_values(y, VALS(-a, -1, -c, -1, c, 1, a, 1), 8, tol_of(dt));
+        /* Means 2.5 and 2; unbiased variances 5/3 and 16/3. */
+        expect_values(rm, VALS(0.25, 0.2), 2, tol_of(dt));
+        expect_values(rv, VALS(0.9 + 0.5 / 3, 0.9 + 1.6 / 3), 2, tol_of(dt));
+        /* A second step applies the momentum again. */
+        tg_batch_norm(x, NULL, NULL, rm, rv, true, 0.1, 0.0);
+        expect_values(rm, VALS(0.9 * 0.25 + 0.25, 0.9 * 0.2 + 0.2), 2, tol_of(dt));
+        /* Affine, NCHW: channel 1 gets weight 2 and bias -1. */
+        tg_tensor *x4 = make(dt, 4, SHAPE(2, 2, 1, 1), VALS(1, 5, 3, 7));
+        tg_tensor *w = make(dt, 1, SHAPE(2), VALS(1, 2));
+        tg_tensor *b = make(dt, 1, SHAPE(2), VALS(0, -1));
+        expect_values(tg_batch_norm(x4, w, b, NULL, NULL, true, 0.1, 0.0), VALS(-1, -3, 1, 1), 4,
+                      tol_of(dt));
+    }
+}
+
+Test(nn_ops, batch_norm_evaluation_uses_running_statistics_and_leaves_them_alone)
+{
+    FOR_EACH_BACKEND_DTYPE(be, dt) {
+        (void)be;
+        tg_tensor *x = make(dt, 2, SHAPE(4, 2), VALS(1, 0, 2, 0, 3, 4, 4, 4));
+        tg_tensor *rm = make(dt, 1, SHAPE(2), VALS(1, 2));
+        tg_tensor *rv = make(dt, 1, SHAPE(2), VALS(4, 0.25));
+        tg_tensor *w = make(dt, 1, SHAPE(2), VALS(2, 1));
+        tg_tensor *b = make(dt, 1, SHAPE(2), VALS(0.5, -1));
+        tg_tensor *y = tg_batch_norm(x, w, b, rm, rv, false, 0.1, 0.0);
+        expect_shape(y, 2, SHAPE(4, 2));
+        expect_values(y, VALS(0.5, -5, 1.5, -5, 2.5, 3, 3.5, 3), 8, tol_of(dt));
+        expect_values(tg_batch_norm(x, NULL, NULL, rm, rv, false, 0.1, 0.0),
+                      VALS(0, -4, 0.5, -4, 1, 4, 1.5, 4), 8, tol_of(dt));
+        expect_values(rm, VALS(1, 2), 2, 0);
+        expect_values(rv, VALS(4, 0.25), 2, 0);
+    }
+}
+
+/* Gradcheck of the public wrappers (paths the op samples do not reach). */
+typedef struct wrap {
+    int which;
+    tg_tensor *rm, *rv;
+} wrap;
+
+static tg_tensor *call_wrapper(void *ud, int n, tg_tensor *const *in)
+{
+    wrap *w = ud;
+    tg_conv2d_opts co = {.stride = {2, 1}, .padding = {1, 1}};
+    (void)n;
+    switch (w->which) {
+    case 0: return tg_conv2d(in[0], in[1], NULL, &co);
+    case 1: return tg_batch_norm(in[0], in[1], in[2], w->rm, w->rv, false, 0.1, 1e-5);
+    case 2: return tg_batch_norm(in[0], NULL, NULL, NULL, NULL, true, 0.1, 1e-5);
+    default: return tg_layer_norm(in[0], 2, NULL, NULL, 1e-5);
+    }
+}
+
+Test(nn_ops, wrappers_without_bias_or_weights_and_in_evaluation_pass_gradcheck)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 3);
+    for (int b = 0; b < 2; b++) {
+        tg_set_default_backend(backends[b]);
+        tg_tensor *x = tg_rand_uniform(&rng, TG_F64, 4, SHAPE(2, 2, 4, 3), -1, 1);
+        tg_tensor *w = tg_rand_uniform(&rng, TG_F64, 4, SHAPE(3, 2, 2, 2), -1, 1);
+        tg_tensor *c = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(2), 0.5, 1.5);
+        tg_tensor *d = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(2), -1, 1);
+        wrap u = {.rm = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(2), -1, 1),
+                  .rv = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(2), 0.5, 2)};
+        tg_tensor *in[3] = {x, w, NULL};
+        for (int k = 0; k < 4; k++) {
+            u.which = k;
+            int n = k == 0 ? 2 : k == 1 ? 3 : 1;
+            if (k == 1) {
+                in[1] = c;
+                in[2] = d;
+            }
+            tg_gradcheck_result res[3];
+            tg_status st = tg_gradcheck(call_wrapper, &u, n, in, NULL, res);
+            cr_assert_eq(st, TG_OK, "wrapper %d on %s: %s", k, tg_backend_name(backends[b]),
+                         tg_last_error_message());
+        }
+    }
+}
+
+Test(nn_ops, every_nn_op_passes_its_registry_gradcheck_on_both_backends)
+{
+    static const char *names[] = {"conv2d", "max_pool2d", "avg_pool2d", "layer_norm",
+                                  "batch_norm"};
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+            const tg_op *op = tg_op_find(names[i]);
+            cr_assert_not_null(op, "op %s is not registered", names[i]);
+            tg_op_check rep;
+            tg_status st = tg_gradcheck_op(op, backends[b], NULL, &rep);
+            cr_assert_eq(st, TG_OK, "%s: %s", names[i], tg_last_error_message());
+            cr_assert_geq(rep.cases, 3);
+        }
+}
+
+Test(nn_ops, a_small_cnn_trains_end_to_end_through_every_op)
+{
+    /* conv -> batch_norm -> relu -> max_pool -> layer_norm -> avg_pool: all
+     * parameters get finite gradients. */
+    tg_rng rng;
+    tg_rng_seed(&rng, 11);
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = tg_rand_normal(&rng, TG_F32, 4, SHAPE(4, 1, 8, 8), 0, 1);
+    tg_tensor *w = tg_rand_normal(&rng, TG_F32, 4, SHAPE(4, 1, 3, 3), 0, 0.3);
+    tg_tensor *g = tg_ones(TG_F32, 1, SHAPE(4));
+    tg_tensor *rm = tg_zeros(TG_F32, 1, SHAPE(4)), *rv = tg_ones(TG_F32, 1, SHAPE(4));
+    cr_assert_eq(tg_requires_grad(tape, w), TG_OK);
+    cr_assert_eq(tg_requires_grad(tape, g), TG_OK);
+    tg_conv2d_opts co = {.padding = {1, 1}};
+    tg_pool2d_opts mp = {.kernel = {2, 2}}, ap = {.kernel = {2, 2}};
+    tg_tensor *h = tg_relu(tg_batch_norm(tg_conv2d(x, w, NULL, &co), g, NULL, rm, rv, true, 0.1,
+                                         1e-5));
+    tg_tensor *out = tg_avg_pool2d(tg_layer_norm(tg_max_pool2d(h, &mp), 2, NULL, NULL, 1e-5), &ap);
+    expect_shape(out, 4, SHAPE(4, 4, 2, 2));
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(out, out))), TG_OK, "%s", tg_last_error_message());
+    for (int k = 0; k < 2; k++) {
+        tg_tensor *gr = tg_grad(k ? g : w);
+        cr_assert_not_null(gr);
+        for (int64_t i = 0; i < tg_tensor_numel(gr); i++) {
+            double v;
+            tg_tensor_get(gr, i, &v);
+            cr_assert(isfinite(v));
+        }
+    }
+    tg_tape_free(tape);
+}
+
+/* ---- errors */
+
+Test(nn_ops, conv2d_rejects_wrong_dtypes_with_dtype)
+{
+    tg_tensor *xi = tg_zeros(TG_I64, 4, SHAPE(1, 1, 3, 3));
+    tg_tensor *x = tg_zeros(TG_F32, 4, SHAPE(1, 1, 3, 3));
+    tg_tensor *w = tg_zeros(TG_F64, 4, SHAPE(1, 1, 2, 2));
+    cr_assert_null(tg_conv2d(xi, w, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear();
+    cr_assert_null(tg_conv2d(x, w, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    cr_assert(strstr(tg_last_error_message(), "'conv2d'"), "%s", tg_last_error_message());
+}
+
+Test(nn_ops, conv2d_with_mismatched_channels_fails_with_shape_naming_both)
+{
+    tg_tensor *x = tg_zeros(TG_F64, 4, SHAPE(1, 3, 5, 5));
+    tg_tensor *w = tg_zeros(TG_F64, 4, SHAPE(2, 2, 3, 3));
+    cr_assert_null(tg_conv2d(x, w, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    const char *m = tg_last_error_message();
+    cr_assert(strstr(m, "'conv2d'") && strstr(m, "[2,2,3,3]") && strstr(m, "[1,3,5,5]"), "%s", m);
+    tg_error_clear();
+    /* A bias of the wrong length, a kernel larger than the padded input,
+     * groups not dividing the channels. */
+    tg_tensor *w3 = tg_zeros(TG_F64, 4, SHAPE(2, 3, 3, 3));
+    cr_assert_null(tg_conv2d(x, w3, tg_zeros(TG_F64, 1, SHAPE(3)), NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    cr_assert_null(tg_conv2d(tg_zeros(TG_F64, 4, SHAPE(1, 3, 2, 2)), w3, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    tg_conv2d_opts g2 = {.groups = 2};
+    cr_assert_null(tg_conv2d(x, w3, NULL, &g2));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    cr_assert_null(tg_conv2d(tg_zeros(TG_F64, 3, SHAPE(3, 5, 5)), w3, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+}
+
+Test(nn_ops, conv2d_rejects_bad_options_with_invalid)
+{
+    tg_tensor *x = tg_zeros(TG_F64, 4, SHAPE(1, 1, 5, 5));
+    tg_tensor *w = tg_zeros(TG_F64, 4, SHAPE(1, 1, 3, 3));
+    tg_conv2d_opts neg_stride = {.stride = {-1, 1}}, neg_pad = {.padding = {0, -2}};
+    tg_conv2d_opts neg_dil = {.dilation = {1, -1}}, neg_groups = {.groups = -1};
+    const tg_conv2d_opts *bad[4] = {&neg_stride, &neg_pad, &neg_dil, &neg_groups};
+    for (int i = 0; i < 4; i++) {
+        tg_error_clear();
+        cr_assert_null(tg_conv2d(x, w, NULL, bad[i]));
+        cr_assert_eq(tg_last_error(), TG_ERR_INVALID, "case %d: %s", i, tg_last_error_message());
+    }
+}
+
+Test(nn_ops, null_inputs_return_null_and_keep_the_first_error)
+{
+    tg_tensor *x = tg_zeros(TG_F64, 4, SHAPE(1, 1, 4, 4));
+    tg_pool2d_opts o = {.kernel = {2, 2}};
+    cr_assert_null(tg_conv2d(NULL, x, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tg_error_clear();
+    cr_assert_null(tg_max_pool2d(NULL, &o));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tg_error_clear();
+    /* A shape error first: every later NULL keeps it. */
+    cr_assert_null(tg_conv2d(x, tg_zeros(TG_F64, 4, SHAPE(1, 2, 2, 2)), NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_tensor *bad = tg_conv2d(x, tg_zeros(TG_F64, 4, SHAPE(1, 2, 2, 2)), NULL, NULL);
+    cr_assert_null(tg_avg_pool2d(tg_max_pool2d(bad, &o), &o));
+    cr_assert_null(tg_layer_norm(bad, 1, NULL, NULL, 1e-5));
+    cr_assert_null(tg_batch_norm(bad, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+    cr_assert_null(tg_conv2d(x, bad, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE, "%s", tg_last_error_message());
+}
+
+Test(nn_ops, pooling_rejects_bad_options_and_shapes)
+{
+    tg_tensor *x = tg_zeros(TG_F64, 4, SHAPE(1, 1, 4, 4));
+    cr_assert_null(tg_max_pool2d(x, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tg_error_clear();
+    tg_pool2d_opts wide_pad = {.kernel = {2, 2}, .padding = {2, 0}};
+    cr_assert_null(tg_avg_pool2d(x, &wide_pad));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    tg_pool2d_opts no_kernel = {.kernel = {0, 2}};
+    cr_assert_null(tg_max_pool2d(x, &no_kernel));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    tg_pool2d_opts big = {.kernel = {5, 5}};
+    cr_assert_null(tg_max_pool2d(x, &big));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    tg_pool2d_opts o = {.kernel = {2, 2}};
+    cr_assert_null(tg_max_pool2d(tg_zeros(TG_F64, 3, SHAPE(1, 4, 4)), &o));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    cr_assert(strstr(tg_last_error_message(), "'max_pool2d'"), "%s", tg_last_error_message());
+    tg_error_clear();
+    cr_assert_null(tg_avg_pool2d(tg_zeros(TG_I64, 4, SHAPE(1, 1, 4, 4)), &o));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+}
+
+Test(nn_ops, layer_norm_rejects_bad_dims_weights_and_eps)
+{
+    tg_tensor *x = tg_zeros(TG_F64, 2, SHAPE(2, 3));
+    cr_assert_null(tg_layer_norm(x, 0, NULL, NULL, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    cr_assert_null(tg_layer_norm(x, 3, NULL, NULL, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    cr_assert_null(tg_layer_norm(x, 1, tg_ones(TG_F64, 1, SHAPE(2)), NULL, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    cr_assert(strstr(tg_last_error_message(), "'layer_norm'") &&
+                  strstr(tg_last_error_message(), "[2]"),
+              "%s", tg_last_error_message());
+    tg_error_clear();
+    cr_assert_null(tg_layer_norm(x, 1, tg_ones(TG_F32, 1, SHAPE(3)), NULL, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear();
+    cr_assert_null(tg_layer_norm(x, 1, NULL, NULL, -1.0));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    cr_assert_null(tg_layer_norm(tg_zeros(TG_I64, 2, SHAPE(2, 3)), 1, NULL, NULL, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+}
+
+Test(nn_ops, batch_norm_rejects_missing_or_bad_running_statistics)
+{
+    tg_tensor *x = tg_zeros(TG_F64, 2, SHAPE(4, 3));
+    tg_tensor *rm = tg_zeros(TG_F64, 1, SHAPE(3)), *rv = tg_ones(TG_F64, 1, SHAPE(3));
+    cr_assert_null(tg_batch_norm(x, NULL, NULL, NULL, rv, false, 0.1, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tg_error_clear();
+    cr_assert_null(tg_batch_norm(x, NULL, NULL, tg_zeros(TG_F64, 1, SHAPE(2)), rv, true, 0.1, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    cr_assert_null(tg_batch_norm(x, NULL, NULL, tg_zeros(TG_F32, 1, SHAPE(3)), rv, true, 0.1, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear();
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *tracked = tg_zeros(TG_F64, 1, SHAPE(3));
+    cr_assert_eq(tg_requires_grad(tape, tracked), TG_OK);
+    cr_assert_null(tg_batch_norm(x, NULL, NULL, tracked, rv, true, 0.1, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_tape_free(tape);
+    tg_error_clear();
+    cr_assert_null(tg_batch_norm(x, tg_ones(TG_F64, 1, SHAPE(4)), NULL, rm, rv, false, 0.1, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    cr_assert_null(tg_batch_norm(x, NULL, NULL, rm, rv, true, 1.5, 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    /* One value per channel cannot give training statistics. */
+    cr_assert_null(tg_batch_norm(tg_zeros(TG_F64, 2, SHAPE(1, 3)), NULL, NULL, rm, rv, true, 0.1,
+                                 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    cr_assert_null(tg_batch_norm(tg_zeros(TG_F64, 1, SHAPE(3)), NULL, NULL, rm, rv, true, 0.1,
+                                 1e-5));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    /* Failed calls changed no running statistic. */
+    expect_values(rm, VALS(0, 0, 0), 3, 0);
+    expect_values(rv, VALS(1, 1, 1), 3, 0);
+}
+
+Test(nn_ops, fused_backward_ops_are_unmarked_and_registered)
+{
+    static const char *names[] = {"conv2d_backward_input", "conv2d_backward_weight",
+                                  "max_pool2d_backward", "avg_pool2d_backward",
+                                  "layer_norm_backward", "layer_norm_backward_weight",
+                                  "batch_norm_backward", "batch_norm_backward_weight",
+                                  "bias_grad"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const tg_op *op = tg_op_find(names[i]);
+        cr_assert_not_null(op, "%s", names[i]);
+        cr_assert_eq(tg_op_mark(op), TG_AD_UNMARKED, "%s", names[i]);
+    }
+}
