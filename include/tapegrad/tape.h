@@ -76,6 +76,30 @@ tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, t
  * counts once per backward, however many nodes use it). */
 int64_t tg_tape_recompute_count(const tg_tape *tape);
 
+/* ---- Profiler. With profiling on, each recorded forward, each backward
+ * and each recompute is timed and counted per op kind; figures add up
+ * across tg_tape_reset until tg_tape_profile_clear. */
+typedef struct tg_profile_row {
+    const char *op;         /* the op's registry name */
+    int64_t calls;          /* recorded forwards */
+    double forward_ms;
+    int64_t backward_calls;
+    double backward_ms;
+    size_t saved_bytes;     /* kept for backward at recording, summed */
+    int64_t recomputes;
+    double recompute_ms;
+} tg_profile_row;
+
+tg_status tg_tape_profile_enable(tg_tape *tape, bool on);
+/* Copies up to cap rows (in order of first use) into rows (may be NULL);
+ * returns the number of rows there are. */
+int tg_tape_profile_rows(const tg_tape *tape, tg_profile_row *rows, int cap);
+void tg_tape_profile_clear(tg_tape *tape);
+/* Writes the current record as Graphviz DOT to path: one box per node (op,
+ * output dtype and shape, bytes saved; recompute nodes dashed), leaves and
+ * untracked inputs as their own nodes. TG_ERR_IO if it cannot write. */
+tg_status tg_tape_export_dot(const tg_tape *tape, const char *path);
+
 /* Reverse sweep from loss, which must hold one element (else TG_ERR_SEED).
  * Gradients accumulate (+=) into the leaves' grads. Saved tensors and
  * intermediate gradients are freed as soon as the sweep no longer needs

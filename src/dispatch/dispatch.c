@@ -101,9 +101,12 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
 
     /* A forward built from tg_* ops must not record its inner ops. */
     bool prev_grad = tg_grad_set_enabled(false);
+    uint64_t t0 = (tape && tape->profiling) ? tg__now_ns() : 0;
     tg_tensor *out = op->forward(&ctx, args);
+    uint64_t elapsed = t0 ? tg__now_ns() - t0 : 0;
     tg_grad_set_enabled(prev_grad);
     if (out && tape) {
+        size_t saved_before = tape->saved_bytes;
         /* Save what forward saw (contiguous copies included), so backward
          * reads the same values. */
         if (tg__tape_record(tape, op, attrs, n, in, args, tracked, out, extra, nextra) != TG_OK) {
@@ -111,6 +114,10 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
             out = NULL;
         } else {
             nextra = 0; /* the node owns them now */
+            if (t0)
+                tg__profile_forward(tape, op, elapsed,
+                                    tape->saved_bytes > saved_before
+                                        ? tape->saved_bytes - saved_before : 0);
         }
     }
     if (!out && tg_last_error() == TG_OK) tg__err(TG_ERR_INTERNAL, "forward of '%s' failed", op->name);

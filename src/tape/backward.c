@@ -105,7 +105,9 @@ static tg_status rematerialize(sweep_state *s, int64_t j)
             .out = NULL, .out_spec = &out_spec, .backend = n->backend, .needs = needs,
             .extra = s->extra[j], .nextra = &s->nextra[j], .forward = true,
         };
+        uint64_t t0 = s->tape->profiling ? tg__now_ns() : 0;
         s->vals[j] = n->op->forward(&ctx, args);
+        if (t0) tg__profile_recompute(s->tape, n->op, tg__now_ns() - t0);
         if (!s->vals[j]) st = tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
         else s->tape->recomputes++;
     }
@@ -170,7 +172,9 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
         ctx.nextra = &s->nextra[idx];
     }
     tg_scope_begin();
+    uint64_t t0 = s->tape->profiling ? tg__now_ns() : 0;
     st = n->op->backward(&ctx, gout, gin);
+    if (t0) tg__profile_backward(s->tape, n->op, tg__now_ns() - t0);
     /* gin entries are borrowed (scope-owned or gout itself): take our own
      * references before the scope releases its tensors. */
     for (int i = 0; i < n->nin; i++) tg_tensor_retain(gin[i]);

@@ -48,6 +48,7 @@ void tg__tape_ref(tg_tape *tape)
 void tg__tape_unref(tg_tape *tape)
 {
     if (--tape->refcount > 0) return;
+    tg__profile_free(tape);
     free(tape->nodes);
     free(tape->leaves);
     free(tape);

@@ -45,6 +45,10 @@ struct tg_tape {
     size_t saved_bytes, saved_peak;
     int segment_depth;     /* open tg_checkpoint_begin calls */
     int64_t recomputes;    /* forwards re-run by backward, since the last reset */
+    bool profiling;        /* profile.c */
+    tg_profile_row *prof;
+    const tg_op **prof_ops;
+    int nprof, capprof;
 };
 
 /* A tensor's tape record is live: leaf of a live tape, or recorded in the
@@ -66,6 +70,13 @@ TG_INTERNAL tg_status tg__tape_record(struct tg_tape *tape, const tg_op *op,
 /* Releases a node's saved tensors and marks it consumed. */
 TG_INTERNAL void tg__node_release_saved(struct tg_tape *tape, tg_node *n);
 TG_INTERNAL void tg__tape_unref(struct tg_tape *tape);
+/* Profiler hooks (profile.c); call only when tape->profiling. */
+TG_INTERNAL uint64_t tg__now_ns(void);
+TG_INTERNAL void tg__profile_forward(struct tg_tape *tape, const tg_op *op, uint64_t ns,
+                                     size_t saved);
+TG_INTERNAL void tg__profile_backward(struct tg_tape *tape, const tg_op *op, uint64_t ns);
+TG_INTERNAL void tg__profile_recompute(struct tg_tape *tape, const tg_op *op, uint64_t ns);
+TG_INTERNAL void tg__profile_free(struct tg_tape *tape);
 /* Bytes of t's elements (0 for NULL); kept_bytes is what holding t costs
  * the tape: 0 for leaves (their owner holds them anyway). */
 TG_INTERNAL size_t tg__tensor_bytes(const tg_tensor *t);
