@@ -23,6 +23,10 @@ extern "C" {
 #include "tapegrad/nn.h"
 #include "tapegrad/gradcheck.h"
 #include "tapegrad/data.h"
+#include "tapegrad/layers.h"
+#include "tapegrad/params.h"
+#include "tapegrad/optim.h"
+#include "tapegrad/io.h"
 
 #define TAPEGRAD_VERSION "0.1.0"
 const char *tg_version(void);

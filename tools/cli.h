@@ -20,4 +20,7 @@ int cli_lib_error(const char *cmd, const char *what);
 /* `tapegrad demo [--steps N] [--seed S]`; argv[0] is "demo". */
 int cli_demo(int argc, char **argv);
 
+/* `tapegrad train digits [options]`; argv[0] is "train". */
+int cli_train(int argc, char **argv);
+
 #endif

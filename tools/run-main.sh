@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: on Debian 12, run as root from anywhere in the checkout.
 # Installs missing build packages, configures build/ (release), builds, then
-# runs the training demo, the gradient-check sweep over every registered op,
-# and a quick benchmark. Safe to run again (build/ is reconfigured).
+# trains the digits MLP (tapegrad train digits: accuracy, save, reload check),
+# runs the gradient-check sweep over every registered op (one-screen summary),
+# and a quick backward benchmark. Safe to run again (build/ is reconfigured).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -24,4 +25,6 @@ else
     meson setup build --buildtype=release
 fi
 ninja -C build
-./build/tools/tapegrad demo && ./build/tools/tapegrad gradcheck && ./build/tools/tapegrad bench --quick
+./build/tools/tapegrad train digits
+./build/tools/tapegrad gradcheck --summary
+./build/tools/tapegrad bench --quick

@@ -17,9 +17,14 @@ static const char usage_text[] =
     "\n"
     "commands:\n"
     "  ops                          list the op registry: name, arity, backward, cost class, doc\n"
-    "  gradcheck [--backend ref|cpu|both] [--fast] [OP...]\n"
+    "  gradcheck [--backend ref|cpu|both] [--fast] [--summary] [OP...]\n"
     "                               gradient-check every differentiable op (or the OPs named)\n"
-    "                               against central differences in f64; default: both backends\n"
+    "                               against central differences in f64; default: both backends;\n"
+    "                               --summary prints only failures and totals\n"
+    "  train digits [--epochs N] [--lr X] [--seed S] [--batch B] [--hidden H] [--save FILE]\n"
+    "               [--data CSV] [--quiet]\n"
+    "                               train an MLP 64-H-10 on the bundled digits (Adam), report\n"
+    "                               test accuracy, save, reload and check the reload\n"
     "  demo [--steps N] [--seed S]  train a 2-32-32-3 MLP on three seeded spirals (f32, cpu)\n"
     "  bench [--quick] [--json FILE]\n"
     "                               per-op overhead and MLP-versus-raw-OpenBLAS figures\n"
@@ -103,6 +108,9 @@ static int cmd_gradcheck(int argc, char **argv)
     static const char *const cmd = "gradcheck";
     if (wants_help(argc, argv)) return usage(stdout, CLI_OK);
     bool use[TG_BACKEND_COUNT] = {true, true};
+    bool summary = false; /* one screen: failures and totals only */
+    double worst_abs = 0, worst_rel = 0;
+    const char *worst_op = "-";
     tg_gradcheck_opts opts = {.seed = 1};
     const char **names = calloc((size_t)argc, sizeof *names);
     int nnames = 0, status = CLI_USAGE;
@@ -114,6 +122,10 @@ static int cmd_gradcheck(int argc, char **argv)
         const char *a = argv[i], *val = NULL;
         if (strcmp(a, "--fast") == 0) {
             opts.fast = 1;
+            continue;
+        }
+        if (strcmp(a, "--summary") == 0) {
+            summary = true;
             continue;
         }
         if (strcmp(a, "--backend") == 0) {
@@ -155,15 +167,16 @@ static int cmd_gradcheck(int argc, char **argv)
            opts.fast ? "fast" : "full",
            opts.fast ? "random directional derivatives" : "every input element",
            use[TG_BACKEND_REF] ? " ref" : "", use[TG_BACKEND_CPU] ? " cpu" : "");
-    printf("one row per op and backend; the summary counts ops, and an op passes only if it "
-           "passes on every backend checked\n");
+    printf("%s; the summary counts ops, and an op passes only if it passes on every backend "
+           "checked\n", summary ? "failures only" : "one row per op and backend");
     int width = 2;
     for (int i = 0; i < tg_op_count(); i++) {
         int len = (int)strlen(tg_op_at(i)->name);
         if (len > width) width = len;
     }
-    printf("%-*s  %-7s  %5s  %11s  %11s  %s\n", width, "op", "backend", "cases", "max abs err",
-           "max rel err", "result");
+    if (!summary)
+        printf("%-*s  %-7s  %5s  %11s  %11s  %s\n", width, "op", "backend", "cases",
+               "max abs err", "max rel err", "result");
     int checked = 0, passed = 0;
     for (int i = 0; i < tg_op_count(); i++) {
         const tg_op *op = tg_op_at(i);
@@ -177,6 +190,12 @@ static int cmd_gradcheck(int argc, char **argv)
             tg_op_check rep;
             tg_error_clear();
             tg_status st = tg_gradcheck_op(op, (tg_backend)b, &opts, &rep);
+            if (rep.max_abs_err > worst_abs) {
+                worst_abs = rep.max_abs_err;
+                worst_op = op->name;
+            }
+            if (rep.max_rel_err > worst_rel) worst_rel = rep.max_rel_err;
+            if (summary && st == TG_OK) continue;
             printf("%-*s  %-7s  %5d  %11.3e  %11.3e  %s", width, op->name,
                    tg_backend_name((tg_backend)b), rep.cases, rep.max_abs_err, rep.max_rel_err,
                    st == TG_OK ? "PASS" : "FAIL");
@@ -189,6 +208,7 @@ static int cmd_gradcheck(int argc, char **argv)
         checked++;
         passed += ok;
     }
+    printf("worst errors: abs %.3e (%s), rel %.3e\n", worst_abs, worst_op, worst_rel);
     printf("%d ops checked, %d passed, %d failed\n", checked, passed, checked - passed);
     status = passed == checked ? CLI_OK : CLI_FAIL;
 out:
@@ -263,6 +283,7 @@ int main(int argc, char **argv)
     if (strcmp(c, "ops") == 0) return cmd_ops(argc - 1, argv + 1);
     if (strcmp(c, "gradcheck") == 0) return cmd_gradcheck(argc - 1, argv + 1);
     if (strcmp(c, "demo") == 0) return cli_demo(argc - 1, argv + 1);
+    if (strcmp(c, "train") == 0) return cli_train(argc - 1, argv + 1);
     if (strcmp(c, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
     fprintf(stderr, "tapegrad: unknown command '%s'\n\n", c);
     return usage(stderr, CLI_USAGE);

@@ -31,6 +31,13 @@ tg_tensor *tg_dataset_y(const tg_dataset *ds);
 /* Multiplies every feature by factor (e.g. 1/16 for the digits pixels). */
 void tg_dataset_scale(tg_dataset *ds, float factor);
 
+/* Standardises every feature of ds to zero mean and unit variance with
+ * ds's own statistics (population variance, accumulated in f64), and
+ * applies the same shift and scale to other (may be NULL), e.g. the test
+ * split. A constant feature is only centred. TG_ERR_SHAPE if other has
+ * another number of features. */
+tg_status tg_dataset_standardize(tg_dataset *ds, tg_dataset *other);
+
 /* Deterministic stratified split: within each class, a seeded shuffle puts
  * round(test_fraction * count) samples in *test and the rest in *train (in
  * their original order). Same seed, same split on every machine. */

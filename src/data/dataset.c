@@ -1,6 +1,7 @@
 /* Data sets kept as two contiguous tensors, CSV(.gz) loading through zlib
  * (gzread reads plain files too), stratified splits and shuffled batches. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -213,6 +214,34 @@ void tg_dataset_scale(tg_dataset *ds, float factor)
     if (!ds) return;
     float *x = tg__tensor_ptr(ds->x);
     for (int64_t i = 0; i < ds->n * ds->f; i++) x[i] *= factor;
+}
+
+tg_status tg_dataset_standardize(tg_dataset *ds, tg_dataset *other)
+{
+    if (!ds) return tg__err(TG_ERR_NULL, "bad argument #1 to 'dataset_standardize' (NULL)");
+    if (other && other->f != ds->f)
+        return tg__err(TG_ERR_SHAPE, "bad argument #2 to 'dataset_standardize' (%d features, "
+                                     "need %d)", other->f, ds->f);
+    float *x = tg__tensor_ptr(ds->x);
+    for (int f = 0; f < ds->f; f++) {
+        double mean = 0.0, var = 0.0;
+        for (int64_t i = 0; i < ds->n; i++) mean += x[i * ds->f + f];
+        mean = ds->n ? mean / (double)ds->n : 0.0;
+        for (int64_t i = 0; i < ds->n; i++) {
+            double d = x[i * ds->f + f] - mean;
+            var += d * d;
+        }
+        double sd = ds->n ? sqrt(var / (double)ds->n) : 0.0;
+        double inv = sd > 1e-12 ? 1.0 / sd : 1.0;
+        tg_dataset *sets[2] = {ds, other};
+        for (int k = 0; k < 2; k++) {
+            if (!sets[k]) continue;
+            float *y = tg__tensor_ptr(sets[k]->x);
+            for (int64_t i = 0; i < sets[k]->n; i++)
+                y[i * ds->f + f] = (float)((y[i * ds->f + f] - mean) * inv);
+        }
+    }
+    return TG_OK;
 }
 
 static void shuffle(int64_t *v, int64_t n, tg_rng *rng)
