@@ -23,17 +23,27 @@ void *tg__data_alloc(size_t nbytes)
     if (posix_memalign(&p, 64, n) != 0) p = NULL;
 #endif
     if (!p) return NULL;
+    tg__mem_count(nbytes);
+    return p;
+}
+
+void tg__mem_count(size_t nbytes)
+{
     size_t now = atomic_fetch_add(&mem_current, nbytes) + nbytes;
     size_t peak = atomic_load(&mem_peak);
     while (now > peak && !atomic_compare_exchange_weak(&mem_peak, &peak, now)) {
     }
-    return p;
+}
+
+void tg__mem_uncount(size_t nbytes)
+{
+    atomic_fetch_sub(&mem_current, nbytes);
 }
 
 void tg__data_free(void *p, size_t nbytes)
 {
     if (!p) return;
-    atomic_fetch_sub(&mem_current, nbytes);
+    tg__mem_uncount(nbytes);
 #if TG_HAVE_JEMALLOC
     sdallocx(p, nbytes ? nbytes : 1, MALLOCX_ALIGN(64));
 #else

@@ -17,9 +17,15 @@
 typedef struct tg_storage {
     int32_t refcount;
     tg_backend backend;
+    bool inline_data;  /* data lives in the owner's small buffer, not the allocator */
     size_t nbytes;
     void *data;
+    void *block;       /* freed when the storage dies: the tensor that embeds it */
 } tg_storage;
+
+/* Tensors of at most this many data bytes keep them inline: one allocation
+ * per small tensor (scalars, the tape's 1-element chains). */
+#define TG_SMALL_BYTES 64
 
 struct tg_tape;
 
@@ -42,6 +48,11 @@ struct tg_tensor {
     int64_t node;   /* producing node index, -1 for leaves */
     bool is_leaf;
     tg_tensor *grad; /* leaves: accumulated gradient */
+    /* The storage of a tensor made by tg__tensor_empty, and its data when
+     * small. A view points at its base's; the base's memory then lives
+     * until the storage dies. */
+    tg_storage own_storage;
+    _Alignas(16) unsigned char small[TG_SMALL_BYTES];
 };
 
 /* ---- errors (src/core/status.c) */
@@ -57,6 +68,9 @@ TG_INTERNAL tg_status tg__err_null(const char *op, int argi);
 /* ---- allocation (src/core/alloc.c): all tensor storage goes through here */
 TG_INTERNAL void *tg__data_alloc(size_t nbytes);
 TG_INTERNAL void tg__data_free(void *p, size_t nbytes);
+/* Counts inline tensor data in the memory accounting (no allocation). */
+TG_INTERNAL void tg__mem_count(size_t nbytes);
+TG_INTERNAL void tg__mem_uncount(size_t nbytes);
 
 /* ---- tensors (src/core/tensor.c) */
 /* New contiguous tensor with uninitialised data, not scope-tracked. */
@@ -66,7 +80,16 @@ TG_INTERNAL tg_tensor *tg__tensor_empty_spec(const tg_spec *spec, tg_backend bac
 /* New header sharing t's storage with the given shape/strides/offset. */
 TG_INTERNAL tg_tensor *tg__tensor_view(const tg_tensor *t, int ndim, const int64_t *shape,
                                        const int64_t *strides, int64_t offset);
-TG_INTERNAL void *tg__tensor_ptr(const tg_tensor *t); /* first element */
+/* Element sizes by dtype, and the first element of t (hot: inlined). */
+static inline size_t tg__esize(tg_dtype dt)
+{
+    return dt == TG_F32 ? 4 : 8;
+}
+
+static inline void *tg__tensor_ptr(const tg_tensor *t)
+{
+    return (char *)t->storage->data + (size_t)t->offset * tg__esize(t->dtype);
+}
 TG_INTERNAL int64_t tg__numel(int ndim, const int64_t *shape);
 TG_INTERNAL void tg__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
 TG_INTERNAL bool tg__is_float(tg_dtype dt);
@@ -75,6 +98,9 @@ TG_INTERNAL bool tg__same_shape(int na, const int64_t *a, int nb, const int64_t 
 /* Validates creation arguments (ndim, shape, dtype); records errors as op. */
 TG_INTERNAL tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape);
 TG_INTERNAL tg_status tg__check_dtype(const char *op, tg_dtype dtype);
+
+/* ---- grad mode (src/tape/tape.c), read on every op */
+extern TG_THREAD_LOCAL bool tg__grad_disabled;
 
 /* ---- scopes (src/core/scope.c) */
 /* Hands t to the innermost scope if one is open. Returns t. */

@@ -1,5 +1,6 @@
 /* Backend tensors: layout, creation, accessors and reference counting. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,11 +109,13 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
 
 static tg_tensor *header_new(void)
 {
-    tg_tensor *t = calloc(1, sizeof *t);
+    /* The small data buffer at the end needs no zeroing. */
+    tg_tensor *t = malloc(sizeof *t);
     if (!t) {
         tg__err(TG_ERR_NOMEM, "out of memory allocating a tensor header");
         return NULL;
     }
+    memset(t, 0, offsetof(tg_tensor, small));
     t->refcount = 1;
     t->slot = -1;
     t->node = -1;
@@ -131,18 +134,24 @@ tg_tensor *tg__tensor_empty(tg_dtype dtype, int ndim, const int64_t *shape, tg_b
     t->numel = tg__numel(ndim, shape);
     t->contiguous = true;
     size_t nbytes = (size_t)t->numel * tg_dtype_size(dtype);
-    t->storage = malloc(sizeof *t->storage);
-    void *data = t->storage ? tg__data_alloc(nbytes) : NULL;
-    if (!data) {
-        free(t->storage);
-        free(t);
-        tg__err(TG_ERR_NOMEM, "out of memory allocating %zu bytes of tensor data", nbytes);
-        return NULL;
+    tg_storage *st = &t->own_storage;
+    st->inline_data = nbytes <= TG_SMALL_BYTES;
+    if (st->inline_data) {
+        st->data = t->small;
+        tg__mem_count(nbytes);
+    } else {
+        st->data = tg__data_alloc(nbytes);
+        if (!st->data) {
+            free(t);
+            tg__err(TG_ERR_NOMEM, "out of memory allocating %zu bytes of tensor data", nbytes);
+            return NULL;
+        }
     }
-    t->storage->refcount = 1;
-    t->storage->backend = backend;
-    t->storage->nbytes = nbytes;
-    t->storage->data = data;
+    st->refcount = 1;
+    st->backend = backend;
+    st->nbytes = nbytes;
+    st->block = t;
+    t->storage = st;
     return t;
 }
 
@@ -175,10 +184,6 @@ tg_tensor *tg__tensor_view(const tg_tensor *src, int ndim, const int64_t *shape,
     return t;
 }
 
-void *tg__tensor_ptr(const tg_tensor *t)
-{
-    return (char *)t->storage->data + (size_t)t->offset * tg_dtype_size(t->dtype);
-}
 
 void tg__spec_of(const tg_tensor *t, tg_spec *spec)
 {
@@ -198,9 +203,16 @@ void tg_tensor_release(tg_tensor *t)
     if (!t || --t->refcount > 0) return;
     if (t->grad) tg_tensor_release(t->grad);
     if (t->tape) tg__tape_unref(t->tape);
-    if (--t->storage->refcount == 0) {
-        tg__data_free(t->storage->data, t->storage->nbytes);
-        free(t->storage);
+    tg_storage *st = t->storage;
+    bool embeds = st->block == t;
+    if (--st->refcount == 0) {
+        if (st->inline_data)
+            tg__mem_uncount(st->nbytes);
+        else
+            tg__data_free(st->data, st->nbytes);
+        if (!embeds) free(st->block); /* the dead base that embedded it */
+    } else if (embeds) {
+        return; /* views still use the storage inside this block */
     }
     free(t);
 }

@@ -32,7 +32,7 @@ static tg_status validate(const tg_op *op, int n, tg_tensor *const *in, bool *tr
                                               "tg_to_device)", i + 1, op->name,
                                tg_backend_name(in[i]->backend), tg_backend_name(in[0]->backend));
     }
-    bool recording = tg_grad_enabled() && !op->nondifferentiable;
+    bool recording = !tg__grad_disabled && !op->nondifferentiable;
     for (int i = 0; i < n; i++) {
         tracked[i] = false;
         if (!in[i]->tape || !recording) continue;
@@ -100,11 +100,12 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
         if (tracked[i]) ctx.needs |= 1u << i;
 
     /* A forward built from tg_* ops must not record its inner ops. */
-    bool prev_grad = tg_grad_set_enabled(false);
+    bool prev_grad_off = tg__grad_disabled;
+    tg__grad_disabled = true;
     uint64_t t0 = (tape && tape->profiling) ? tg__now_ns() : 0;
     tg_tensor *out = op->forward(&ctx, args);
     uint64_t elapsed = t0 ? tg__now_ns() - t0 : 0;
-    tg_grad_set_enabled(prev_grad);
+    tg__grad_disabled = prev_grad_off;
     if (out && tape) {
         size_t saved_before = tape->saved_bytes;
         /* Save what forward saw (contiguous copies included), so backward

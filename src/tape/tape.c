@@ -6,18 +6,18 @@
 
 #include "tape/tape_internal.h"
 
-static TG_THREAD_LOCAL bool grad_disabled;
+TG_THREAD_LOCAL bool tg__grad_disabled;
 
 bool tg_grad_set_enabled(bool enabled)
 {
-    bool prev = !grad_disabled;
-    grad_disabled = !enabled;
+    bool prev = !tg__grad_disabled;
+    tg__grad_disabled = !enabled;
     return prev;
 }
 
 bool tg_grad_enabled(void)
 {
-    return !grad_disabled;
+    return !tg__grad_disabled;
 }
 
 tg_tape *tg_tape_new(const tg_tape_opts *opts)
