@@ -112,6 +112,11 @@ int tg_scope_depth(void);
 size_t tg_mem_current_bytes(void);
 size_t tg_mem_peak_bytes(void);
 void tg_mem_reset_peak(void);
+/* Freed buffers of 64 KiB or more are kept (up to 64 of them, 1 GiB in
+ * all) for the next allocation of the same size, since training loops
+ * reallocate the same sizes every step; the counters above do not include
+ * them. tg_mem_trim hands them back to the allocator. */
+void tg_mem_trim(void);
 /* "jemalloc" or "malloc": the allocator tensor storage goes through. */
 const char *tg_mem_allocator(void);
 

@@ -71,6 +71,8 @@ TG_INTERNAL void tg__data_free(void *p, size_t nbytes);
 /* Counts inline tensor data in the memory accounting (no allocation). */
 TG_INTERNAL void tg__mem_count(size_t nbytes);
 TG_INTERNAL void tg__mem_uncount(size_t nbytes);
+/* Hands every cached free buffer back to the allocator (alloc.c). */
+TG_INTERNAL void tg__data_trim(void);
 
 /* ---- tensors (src/core/tensor.c) */
 /* New contiguous tensor with uninitialised data, not scope-tracked. */

@@ -24,6 +24,7 @@ static void gemm_f64(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const vo
 
 TG_INTERNAL void tg__cpu_elementwise_register(void);
 TG_INTERNAL void tg__cpu_reduce_register(void);
+TG_INTERNAL void tg__cpu_vmath_register(void);
 
 void tg__backend_cpu_register(void)
 {
@@ -31,4 +32,5 @@ void tg__backend_cpu_register(void)
     tg__kernel_set(TG_K_GEMM, TG_BACKEND_CPU, TG_F64, (tg_kernel_fn)gemm_f64);
     tg__cpu_elementwise_register();
     tg__cpu_reduce_register();
+    tg__cpu_vmath_register();
 }
