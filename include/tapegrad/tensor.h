@@ -31,6 +31,13 @@ size_t tg_dtype_size(tg_dtype dtype);
 tg_backend tg_set_default_backend(tg_backend backend);
 tg_backend tg_default_backend(void);
 
+/* Threads for the cpu backend, shared by OpenBLAS and tapegrad's own
+ * elementwise kernels (which split large tensors across a pool of that
+ * size, between BLAS calls, so the two never compete). The default follows
+ * OpenBLAS (OPENBLAS_NUM_THREADS). set: TG_ERR_INVALID outside 1..64. */
+int tg_num_threads(void);
+tg_status tg_set_num_threads(int n);
+
 /* ---- Creation. Every function returns a new reference (see scopes below),
  * or NULL with the last error set. shape has ndim entries, 0 <= ndim <= 8,
  * each >= 0; ndim == 0 is a scalar. */

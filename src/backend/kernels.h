@@ -128,5 +128,8 @@ TG_INTERNAL void tg__cpu_ext_register(void);
 TG_INTERNAL void tg__ref_nn_register(void);
 TG_INTERNAL void tg__cpu_nn_register(void);
 TG_INTERNAL void tg__backend_init(void);
+/* OpenBLAS's thread count (1 with another BLAS), and setting it. */
+TG_INTERNAL int tg__blas_threads(void);
+TG_INTERNAL void tg__blas_set_threads(int n);
 
 #endif

@@ -40,6 +40,15 @@ TG_INTERNAL tg_tensor *tg__call1(const tg_op *op, tg_tensor *x, const tg_op_attr
 TG_INTERNAL tg_tensor *tg__call2(const tg_op *op, tg_tensor *a, tg_tensor *b,
                                  const tg_op_attrs *attrs);
 
+/* Kernel calls split across the thread pool when large (parallel.c);
+ * es is the element size. */
+TG_INTERNAL void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p,
+                               size_t es);
+TG_INTERNAL void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx,
+                              double p, size_t es);
+TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b,
+                                void *out, size_t es);
+
 /* Contiguous copy of t (not scope-tracked, untracked), or a new reference
  * to t itself when it is already contiguous. */
 TG_INTERNAL tg_tensor *tg__contiguous_raw(tg_tensor *t);

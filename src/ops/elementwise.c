@@ -23,9 +23,9 @@ static tg_status grad_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor
     {                                                                               \
         tg_tensor *gx = tg_op_ctx_new_output(ctx);                                  \
         if (!gx) return NULL;                                                       \
-        TG_KERNEL(tg_grad_fn, KID, in[0])(in[0]->numel, tg__tensor_ptr(in[0]),      \
-                                          tg__tensor_ptr(in[1]), tg__tensor_ptr(gx), \
-                                          ctx->attrs->scalar);                      \
+        tg__run_grad(TG_KERNEL(tg_grad_fn, KID, in[0]), in[0]->numel,               \
+                     tg__tensor_ptr(in[0]), tg__tensor_ptr(in[1]), tg__tensor_ptr(gx), \
+                     ctx->attrs->scalar, tg__esize(in[0]->dtype));                  \
         return gx;                                                                  \
     }                                                                               \
     const tg_op tg__op_##lname##_backward = {                                       \
@@ -46,8 +46,8 @@ static tg_tensor *unary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id k
 {
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     if (!y) return NULL;
-    TG_KERNEL(tg_unary_fn, kid, in[0])(in[0]->numel, tg__tensor_ptr(in[0]), tg__tensor_ptr(y),
-                                       ctx->attrs->scalar);
+    tg__run_unary(TG_KERNEL(tg_unary_fn, kid, in[0]), in[0]->numel, tg__tensor_ptr(in[0]),
+                  tg__tensor_ptr(y), ctx->attrs->scalar, tg__esize(in[0]->dtype));
     return y;
 }
 
@@ -181,8 +181,8 @@ static tg_tensor *binary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id 
     if (!out) return NULL;
     tg_bcast bc;
     tg__bcast_desc(ctx->out_spec, in[0], in[1], &bc);
-    TG_KERNEL(tg_binary_fn, kid, in[0])(&bc, tg__tensor_ptr(in[0]), tg__tensor_ptr(in[1]),
-                                        tg__tensor_ptr(out));
+    tg__run_binary(TG_KERNEL(tg_binary_fn, kid, in[0]), &bc, tg__tensor_ptr(in[0]),
+                   tg__tensor_ptr(in[1]), tg__tensor_ptr(out), tg__esize(in[0]->dtype));
     return out;
 }
 

@@ -22,6 +22,24 @@ static void gemm_f64(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const vo
                 (blasint)(ldb ? ldb : 1), beta, c, (blasint)(ldc ? ldc : 1));
 }
 
+int tg__blas_threads(void)
+{
+#if TG_HAVE_OPENBLAS_THREADS
+    return openblas_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+void tg__blas_set_threads(int n)
+{
+#if TG_HAVE_OPENBLAS_THREADS
+    openblas_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
 TG_INTERNAL void tg__cpu_elementwise_register(void);
 TG_INTERNAL void tg__cpu_reduce_register(void);
 TG_INTERNAL void tg__cpu_vmath_register(void);

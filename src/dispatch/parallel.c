@@ -1,0 +1,219 @@
+/* Elementwise kernels split across threads, in step with OpenBLAS: the
+ * pool has as many threads (the caller included) as OpenBLAS uses, and a
+ * job runs only between BLAS calls (dispatch is synchronous), so the two
+ * never compete for the cores. Kernels stay single-threaded functions;
+ * this file cuts their index range into parts. Small jobs run inline. */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "dispatch/dispatch.h"
+
+#define MAX_THREADS 64
+/* Below this many bytes per part, a split costs more than it saves. */
+#define MIN_PART_BYTES ((size_t)128 << 10)
+
+typedef void (*part_fn)(void *ctx, int part, int nparts);
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER, cv_done = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t submit = PTHREAD_MUTEX_INITIALIZER; /* one job at a time */
+static int nthreads;   /* 0: not decided yet */
+static int nworkers;   /* started */
+static uint64_t gen;
+static int pending;
+static part_fn job;
+static void *job_ctx;
+static int job_parts;
+
+static void *worker(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (gen == seen) pthread_cond_wait(&cv_work, &mu);
+        seen = gen;
+        int parts = job_parts;
+        part_fn f = job;
+        void *c = job_ctx;
+        pthread_mutex_unlock(&mu);
+        if (id < parts) f(c, id, parts);
+        pthread_mutex_lock(&mu);
+        if (--pending == 0) pthread_cond_signal(&cv_done);
+    }
+    return NULL;
+}
+
+static int threads_now(void)
+{
+    if (!nthreads) {
+        int n = tg__blas_threads();
+        nthreads = n < 1 ? 1 : (n > MAX_THREADS ? MAX_THREADS : n);
+    }
+    return nthreads;
+}
+
+int tg_num_threads(void)
+{
+    pthread_mutex_lock(&submit);
+    int n = threads_now();
+    pthread_mutex_unlock(&submit);
+    return n;
+}
+
+tg_status tg_set_num_threads(int n)
+{
+    if (n < 1 || n > MAX_THREADS)
+        return tg__err(TG_ERR_INVALID, "bad argument #1 to 'set_num_threads' (%d; need 1..%d)", n,
+                       MAX_THREADS);
+    pthread_mutex_lock(&submit);
+    nthreads = n;
+    tg__blas_set_threads(n);
+    pthread_mutex_unlock(&submit);
+    return TG_OK;
+}
+
+/* Runs f over nparts parts, part 0 on the caller. Falls back to running
+ * every part inline if a worker cannot be started. */
+static void run_parts(part_fn f, void *ctx, int nparts)
+{
+    pthread_mutex_lock(&submit);
+    int want = threads_now();
+    if (nparts > want) nparts = want;
+    while (nworkers < nparts - 1) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&t, &attr, worker, (void *)(intptr_t)(nworkers + 1));
+        pthread_attr_destroy(&attr);
+        if (rc) break;
+        nworkers++;
+    }
+    if (nparts > nworkers + 1) nparts = nworkers + 1;
+    if (nparts <= 1) {
+        pthread_mutex_unlock(&submit);
+        f(ctx, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&mu);
+    job = f;
+    job_ctx = ctx;
+    job_parts = nparts;
+    pending = nworkers;
+    gen++;
+    pthread_cond_broadcast(&cv_work);
+    pthread_mutex_unlock(&mu);
+    f(ctx, 0, nparts);
+    pthread_mutex_lock(&mu);
+    while (pending) pthread_cond_wait(&cv_done, &mu);
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&submit);
+}
+
+static int parts_for(int64_t n, size_t es)
+{
+    size_t bytes = (size_t)n * es;
+    if (bytes < 2 * MIN_PART_BYTES) return 1;
+    size_t p = bytes / MIN_PART_BYTES;
+    return p > MAX_THREADS ? MAX_THREADS : (int)p;
+}
+
+static void range(int64_t n, int part, int nparts, int64_t *lo, int64_t *len)
+{
+    /* Parts start on 16-element boundaries so vector loops stay aligned. */
+    int64_t chunk = ((n + nparts - 1) / nparts + 15) & ~(int64_t)15;
+    *lo = chunk * part;
+    if (*lo > n) *lo = n;
+    *len = (*lo + chunk > n ? n : *lo + chunk) - *lo;
+}
+
+typedef struct {
+    tg_unary_fn uf;
+    tg_grad_fn gf;
+    tg_binary_fn bf;
+    const tg_bcast *bc;
+    int64_t n;
+    const char *a, *b;
+    char *out;
+    double p;
+    size_t es;
+} job_args;
+
+static void unary_part(void *ctx, int part, int nparts)
+{
+    job_args *j = ctx;
+    int64_t lo, len;
+    range(j->n, part, nparts, &lo, &len);
+    if (len) j->uf(len, j->a + lo * j->es, j->out + lo * j->es, j->p);
+}
+
+static void grad_part(void *ctx, int part, int nparts)
+{
+    job_args *j = ctx;
+    int64_t lo, len;
+    range(j->n, part, nparts, &lo, &len);
+    if (len) j->gf(len, j->a + lo * j->es, j->b + lo * j->es, j->out + lo * j->es, j->p);
+}
+
+/* Same-shape or scalar-b binaries split by index; row broadcasts by whole
+ * rows (the part keeps b's row, or a's). */
+static void binary_part(void *ctx, int part, int nparts)
+{
+    job_args *j = ctx;
+    const tg_bcast *bc = j->bc;
+    int64_t row = bc->b_row ? bc->b_row : (bc->a_row ? bc->a_row : 1);
+    int64_t rows = bc->n / row, lo, len;
+    range(rows, part, nparts, &lo, &len);
+    if (!len) return;
+    /* The part as its own broadcast: (len, row) with the row repeated. */
+    tg_bcast sub = *bc;
+    sub.n = len * row;
+    sub.ndim = 2;
+    sub.shape[0] = len;
+    sub.shape[1] = row;
+    sub.sa[0] = bc->a_row ? 0 : row;
+    sub.sb[0] = (bc->b_row || bc->b_scalar) ? 0 : row;
+    sub.sa[1] = 1;
+    sub.sb[1] = bc->b_scalar ? 0 : 1;
+    const char *a = j->a, *b = j->b;
+    if (!bc->a_row) a += lo * row * j->es;
+    if (!bc->b_row && !bc->b_scalar) b += lo * row * j->es;
+    j->bf(&sub, a, b, j->out + lo * row * j->es);
+}
+
+void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p, size_t es)
+{
+    int parts = parts_for(n, es);
+    if (parts == 1) {
+        f(n, x, y, p);
+        return;
+    }
+    job_args j = {.uf = f, .n = n, .a = x, .out = y, .p = p, .es = es};
+    run_parts(unary_part, &j, parts);
+}
+
+void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx, double p,
+                  size_t es)
+{
+    int parts = parts_for(n, es);
+    if (parts == 1) {
+        f(n, s, gy, gx, p);
+        return;
+    }
+    job_args j = {.gf = f, .n = n, .a = s, .b = gy, .out = gx, .p = p, .es = es};
+    run_parts(grad_part, &j, parts);
+}
+
+void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b, void *out,
+                    size_t es)
+{
+    bool splittable = bc->same || bc->b_scalar || bc->a_row || bc->b_row;
+    int parts = splittable ? parts_for(bc->n, es) : 1;
+    if (parts == 1) {
+        f(bc, a, b, out);
+        return;
+    }
+    job_args j = {.bf = f, .bc = bc, .a = a, .b = b, .out = out, .es = es};
+    run_parts(binary_part, &j, parts);
+}
