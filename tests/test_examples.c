@@ -1,8 +1,11 @@
 /* The examples build and run: each binary exits 0 on a short run.
  *
  * The binaries are found through the environment (TG_EXAMPLE_CUSTOM_OP,
- * TG_EXAMPLE_TRAIN_MLP, set by tests/meson.build) or, when unset, next to
- * this test in the build tree (<build>/examples/<name>). */
+ * TG_EXAMPLE_TRAIN_MLP, TG_EXAMPLE_DIGITS_MLP, TG_EXAMPLE_DIGITS_CNN,
+ * TG_EXAMPLE_SEQ_LSTM, set by tests/meson.build) or, when unset, next to
+ * this test in the build tree (<build>/examples/<name>). The digits
+ * examples find data/digits.csv.gz through the source data dir compiled
+ * into them, whatever the working directory. */
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -72,4 +75,28 @@ Test(examples, train_mlp_rejects_a_step_count_below_one)
     char *args[] = {"--steps", "0", NULL};
     example_path("TG_EXAMPLE_TRAIN_MLP", "example_train_mlp", path, sizeof path);
     cr_assert_eq(run(path, args), 2, "%s --steps 0 should exit 2 (usage)", path);
+}
+
+Test(examples, digits_mlp_clears_its_accuracy_bar_after_one_epoch)
+{
+    char path[PATH_MAX + 64];
+    char *args[] = {"--epochs", "1", NULL};
+    example_path("TG_EXAMPLE_DIGITS_MLP", "example_digits_mlp", path, sizeof path);
+    cr_assert_eq(run(path, args), 0, "%s --epochs 1 did not exit 0", path);
+}
+
+Test(examples, digits_cnn_lowers_the_loss_and_clears_its_accuracy_bar_in_two_epochs)
+{
+    char path[PATH_MAX + 64];
+    char *args[] = {"--epochs", "2", NULL};
+    example_path("TG_EXAMPLE_DIGITS_CNN", "example_digits_cnn", path, sizeof path);
+    cr_assert_eq(run(path, args), 0, "%s --epochs 2 did not exit 0", path);
+}
+
+Test(examples, seq_lstm_lowers_the_validation_loss_in_a_short_run)
+{
+    char path[PATH_MAX + 64];
+    char *args[] = {"--steps", "5", NULL};
+    example_path("TG_EXAMPLE_SEQ_LSTM", "example_seq_lstm", path, sizeof path);
+    cr_assert_eq(run(path, args), 0, "%s --steps 5 did not exit 0", path);
 }
