@@ -107,10 +107,29 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
     return TG_OK;
 }
 
+/* Freed headers are kept per thread for reuse: a tape records and frees a
+ * few headers per op, and this skips the allocator for them. Off under
+ * AddressSanitizer, which must see every free. */
+#if defined(__SANITIZE_ADDRESS__)
+#define HEADER_CACHE 0
+#else
+#define HEADER_CACHE 256
+#endif
+static TG_THREAD_LOCAL tg_tensor *free_headers[HEADER_CACHE + 1];
+static TG_THREAD_LOCAL int nfree_headers;
+
+static void header_free(tg_tensor *t)
+{
+    if (nfree_headers < HEADER_CACHE)
+        free_headers[nfree_headers++] = t;
+    else
+        free(t);
+}
+
 static tg_tensor *header_new(void)
 {
     /* The small data buffer at the end needs no zeroing. */
-    tg_tensor *t = malloc(sizeof *t);
+    tg_tensor *t = nfree_headers ? free_headers[--nfree_headers] : malloc(sizeof *t);
     if (!t) {
         tg__err(TG_ERR_NOMEM, "out of memory allocating a tensor header");
         return NULL;
@@ -142,7 +161,7 @@ tg_tensor *tg__tensor_empty(tg_dtype dtype, int ndim, const int64_t *shape, tg_b
     } else {
         st->data = tg__data_alloc(nbytes);
         if (!st->data) {
-            free(t);
+            header_free(t);
             tg__err(TG_ERR_NOMEM, "out of memory allocating %zu bytes of tensor data", nbytes);
             return NULL;
         }
@@ -210,11 +229,11 @@ void tg_tensor_release(tg_tensor *t)
             tg__mem_uncount(st->nbytes);
         else
             tg__data_free(st->data, st->nbytes);
-        if (!embeds) free(st->block); /* the dead base that embedded it */
+        if (!embeds) header_free(st->block); /* the dead base that embedded it */
     } else if (embeds) {
         return; /* views still use the storage inside this block */
     }
-    free(t);
+    header_free(t);
 }
 
 /* Writes value (as dtype) to element i of a contiguous buffer. */
