@@ -38,8 +38,9 @@ void tg_tape_reset(tg_tape *tape);
 int64_t tg_tape_node_count(const tg_tape *tape);
 /* Bytes of tensor data the tape holds for backward now, and at peak since
  * the last reset: saved inputs, outputs and extras of every node (a storage
- * kept by two nodes counts once per node). References to leaves cost the
- * tape nothing and are not counted. */
+ * kept by two nodes counts once per node). References to leaves, and to
+ * views of them (a transposed weight), cost the tape nothing and are not
+ * counted. */
 size_t tg_tape_saved_bytes(const tg_tape *tape);
 size_t tg_tape_saved_peak_bytes(const tg_tape *tape);
 

@@ -47,6 +47,7 @@ struct tg_tensor {
     int32_t slot;   /* gradient slot in that generation */
     int64_t node;   /* producing node index, -1 for leaves */
     bool is_leaf;
+    bool leaf_view; /* shares a leaf's storage (a transpose of a weight) */
     tg_tensor *grad; /* leaves: accumulated gradient */
     /* The storage of a tensor made by tg__tensor_empty, and its data when
      * small. A view points at its base's; the base's memory then lives

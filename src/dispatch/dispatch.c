@@ -106,6 +106,12 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     tg_tensor *out = op->forward(&ctx, args);
     uint64_t elapsed = t0 ? tg__now_ns() - t0 : 0;
     tg__grad_disabled = prev_grad_off;
+    if (out) {
+        /* A view of a leaf (or of such a view) costs the tape nothing. */
+        for (int i = 0; i < n; i++)
+            if (out->storage == in[i]->storage && (in[i]->is_leaf || in[i]->leaf_view))
+                out->leaf_view = true;
+    }
     if (out && tape) {
         size_t saved_before = tape->saved_bytes;
         /* Save what forward saw (contiguous copies included), so backward

@@ -201,7 +201,7 @@ size_t tg__kept_bytes(const tg_tensor *t)
 {
     /* A leaf is held by its owner whatever the tape does: referencing it
      * costs the tape nothing. */
-    return (t && !t->is_leaf) ? tg__tensor_bytes(t) : 0;
+    return (t && !t->is_leaf && !t->leaf_view) ? tg__tensor_bytes(t) : 0;
 }
 
 static void charge(tg_tape *tape, tg_node *n, size_t bytes)
