@@ -126,6 +126,17 @@ static tg_status matmul_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
                      ? tg_sum_to(ga, sa->ndim, sa->shape) : ga;
         if (!gin[0]) return tg_last_error();
     }
+    if (tg_op_ctx_needs_grad(ctx, 1) && b->ndim == 2 && a->ndim == 2) {
+        /* b stored transposed (x W^T with W (n, k)): make the gradient in
+         * W's layout, g^T a, and hand back its transpose view, so the
+         * permute's backward yields contiguous memory, not a strided copy. */
+        bool tb;
+        int64_t ldb;
+        if (gemm_layout(b, &tb, &ldb) && tb) {
+            gin[1] = tg_transpose(tg_matmul(tg_transpose(g, 0, 1), a), 0, 1);
+            return gin[1] ? TG_OK : tg_last_error();
+        }
+    }
     if (tg_op_ctx_needs_grad(ctx, 1)) {
         tg_tensor *gb = tg_matmul(tg_transpose(a, -1, -2), g);
         gin[1] = (gb && !tg__same_shape(gb->ndim, gb->shape, sb->ndim, sb->shape))
