@@ -63,7 +63,11 @@ static size_t recompute_cost(const tg_tape *tape, int nin, tg_tensor *const *in,
         if (dup) continue;
         if (tracked[i] && !in[i]->is_leaf) {
             const tg_node *p = &tape->nodes[in[i]->node];
-            if (p->recompute || p->ckpt || p->out_saved) continue;
+            if (p->ckpt || p->out_saved) continue;
+            if (p->recompute) { /* a segment boundary is kept */
+                if (p->segment && p->segment != tape->segment_id) b += tg__kept_bytes(in[i]);
+                continue;
+            }
             if (checkpoints || !tg__node_saves_inputs(p)) b += tg__kept_bytes(in[i]);
         } else if (!tracked[i]) {
             b += tg__kept_bytes(in[i]);
@@ -163,7 +167,7 @@ tg_status tg_checkpoint_begin(tg_tape *tape)
 {
     if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'checkpoint_begin' (NULL tape)");
     if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to 'checkpoint_begin' (tape was freed)");
-    tape->segment_depth++;
+    if (tape->segment_depth++ == 0) tape->segment_id = ++tape->nsegments;
     return TG_OK;
 }
 
@@ -172,7 +176,7 @@ tg_status tg_checkpoint_end(tg_tape *tape)
     if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'checkpoint_end' (NULL tape)");
     if (tape->segment_depth == 0)
         return tg__err(TG_ERR_INVALID, "tg_checkpoint_end without a matching tg_checkpoint_begin");
-    tape->segment_depth--;
+    if (--tape->segment_depth == 0) tape->segment_id = 0;
     return TG_OK;
 }
 

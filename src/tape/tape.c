@@ -93,6 +93,8 @@ void tg_tape_reset(tg_tape *tape)
     tape->saved_bytes = 0;
     tape->saved_peak = 0;
     tape->segment_depth = 0;
+    tape->segment_id = 0;
+    tape->nsegments = 0;
     tape->recomputes = 0;
     tg__tape_unref(tape);
 }
@@ -248,6 +250,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->saved_bytes = 0;
     n->recompute = recompute;
     n->ckpt = NULL;
+    n->segment = tape->segment_id;
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
         tg__spec_of(in[i], &n->in_spec[i]);
@@ -274,8 +277,11 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
                 /* An interior input: recomputed from its producer, or kept
                  * there once as a checkpoint for every recompute consumer. */
                 tg_node *p = &tape->nodes[n->in_node[i]];
-                if (!p->recompute && !p->ckpt && !p->out_saved &&
-                    (checkpoints || !tg__node_saves_inputs(p))) {
+                bool saving = !p->recompute && (checkpoints || !tg__node_saves_inputs(p));
+                /* A value leaving a segment is that segment's boundary:
+                 * kept, so backward re-runs one segment at a time. */
+                bool boundary = p->recompute && p->segment && p->segment != n->segment;
+                if ((saving || boundary) && !p->ckpt && !p->out_saved) {
                     p->ckpt = tg_tensor_retain(in[i]);
                     charge(tape, p, tg__kept_bytes(in[i]));
                 }

@@ -30,6 +30,7 @@ typedef struct tg_node {
     tg_tensor *in_val[TG_OP_MAX_INPUTS];
     bool in_val_owned[TG_OP_MAX_INPUTS];
     tg_tensor *ckpt;                     /* output kept for recompute consumers */
+    int32_t segment;                     /* checkpoint segment id, 0 outside any */
 } tg_node;
 
 struct tg_tape {
@@ -44,6 +45,8 @@ struct tg_tape {
     int32_t nleaves, capleaves;
     size_t saved_bytes, saved_peak;
     int segment_depth;     /* open tg_checkpoint_begin calls */
+    int32_t segment_id;    /* id of the open outermost segment, 0 if none */
+    int32_t nsegments;     /* ids handed out since the last reset */
     int64_t recomputes;    /* forwards re-run by backward, since the last reset */
     bool profiling;        /* profile.c */
     tg_profile_row *prof;
