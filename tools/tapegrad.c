@@ -9,7 +9,7 @@
 #include <string.h>
 #include <tapegrad.h>
 
-#include "bench_core.h"
+#include "bench.h"
 #include "cli.h"
 
 static const char usage_text[] =
@@ -26,9 +26,11 @@ static const char usage_text[] =
     "                               train an MLP 64-H-10 on the bundled digits (Adam), report\n"
     "                               test accuracy, save, reload and check the reload\n"
     "  demo [--steps N] [--seed S]  train a 2-32-32-3 MLP on three seeded spirals (f32, cpu)\n"
-    "  bench [--quick] [--json FILE]\n"
-    "                               per-op overhead and MLP-versus-raw-OpenBLAS figures\n"
-    "                               (the same measurement as the bench_core benchmark)\n"
+    "  bench [WORKLOAD...] [--threads N] [--policy none|balanced|budget:BYTES|segments]\n"
+    "        [--json FILE] [--profile] [--quick] [--dot FILE]\n"
+    "                               time forward, fwd+bwd and train step of the workloads\n"
+    "                               tiny chain mlp elementwise rnn conv deep (default all),\n"
+    "                               checked first; `tapegrad bench --help` for details\n"
     "  version                      print the library version\n"
     "  help                         print this text\n"
     "\n"
@@ -216,58 +218,10 @@ out:
     return status;
 }
 
-/* ---- bench */
+/* ---- bench: the suite (bench/cli.c) behind the CLI's usage rules. */
 static int cmd_bench(int argc, char **argv)
 {
-    static const char *const cmd = "bench";
-    if (wants_help(argc, argv)) return usage(stdout, CLI_OK);
-    bench_opts opts = {0};
-    const char *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) {
-            opts.quick = true;
-        } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
-            json = argv[++i];
-        } else if (strncmp(argv[i], "--json=", 7) == 0 && argv[i][7]) {
-            json = argv[i] + 7;
-        } else {
-            return unknown_option(cmd, argv[i]);
-        }
-    }
-    bench_env env;
-    bench_chain_result c;
-    bench_mlp_result m;
-    char err[512];
-    bench_env_get(&env);
-    printf("tapegrad %s on %s, OpenBLAS core %s, %d thread%s%s%s\n", env.version, env.cpu,
-           env.blas_core, env.blas_threads, env.blas_threads == 1 ? "" : "s",
-           env.env_coretype ? ", OPENBLAS_CORETYPE=" : "",
-           env.env_coretype ? env.env_coretype : "");
-    if (opts.quick) printf("(quick run: fewer, shorter runs; not a measurement)\n");
-    fflush(stdout);
-    if (bench_chain(&opts, &c, err, sizeof err)) {
-        fprintf(stderr, "tapegrad %s: %s\n", cmd, err);
-        return CLI_FAIL;
-    }
-    printf("per-op cost (tanh chain of %d on a 1-element f32 tensor):\n"
-           "  record+backward %.0f ns/op, forward with grad off %.0f ns/op, plain C %.1f ns/op "
-           "(tapegrad/plain C %.1fx)\n",
-           c.ops, c.fwd_bwd_ns, c.fwd_only_ns, c.plain_ns, c.ratio_vs_plain);
-    fflush(stdout);
-    if (bench_mlp(&opts, &m, err, sizeof err)) {
-        fprintf(stderr, "tapegrad %s: %s\n", cmd, err);
-        return CLI_FAIL;
-    }
-    printf("MLP %d-%d-%d-%d, batch %d, forward+backward:\n"
-           "  tapegrad %.3f ms (%.1f GFLOP/s), raw sgemm %.3f ms (%.1f GFLOP/s), "
-           "tapegrad/raw %.3f\n",
-           m.in, m.hidden, m.hidden, m.classes, m.batch, m.tg_step_ms, m.tg_gflops,
-           m.raw_step_ms, m.raw_gflops, m.ratio);
-    if (json && bench_write_json(json, &env, &c, &m)) {
-        fprintf(stderr, "tapegrad %s: cannot write %s: %s\n", cmd, json, strerror(errno));
-        return CLI_FAIL;
-    }
-    return CLI_OK;
+    return bench_cli("tapegrad bench", argc, argv);
 }
 
 int main(int argc, char **argv)

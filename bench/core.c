@@ -1,105 +1,19 @@
-/* bench_core.c - the two figures that say what tapegrad costs:
+/* core.c - the two figures that say what tapegrad costs:
  *   (a) the fixed cost per op of recording and differentiating it, on
  *       1-element tensors where the arithmetic is nothing;
- *   (b) the overhead over raw OpenBLAS on an MLP whose time is all GEMM.
+ *   (b) the overhead over raw OpenBLAS on an MLP whose time is all GEMM
+ *       (weights (in, out) as plain leaves, no layer objects).
  * Each result is checked against a reference before anything is timed.
- * Times are CLOCK_MONOTONIC medians over several runs after warm-up.
- *
- * Compiled into both the bench_core executable (with BENCH_CORE_MAIN, which
- * adds main) and the tapegrad CLI (`tapegrad bench`). */
-#include <cblas.h>
-#include <errno.h>
+ * Times are CLOCK_MONOTONIC medians over several runs after warm-up. The
+ * bench_core executable prints both; the suite's chain workload reports
+ * (a) beside its own figures. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <tapegrad.h>
-#include <time.h>
 
-#include "bench_core.h"
+#include "bench.h"
 
 #define CHAIN_OPS 100
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Sorts v in place. */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && errlen) vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static int lib_fail(char *err, size_t errlen, const char *what)
-{
-    return fail(err, errlen, "%s: %s (%s)", what, tg_last_error_message(),
-                tg_strerror(tg_last_error()));
-}
-
-/* ---- environment */
-void bench_env_get(bench_env *env)
-{
-    memset(env, 0, sizeof *env);
-    snprintf(env->cpu, sizeof env->cpu, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f)) {
-            if (strncmp(line, "model name", 10) != 0) continue;
-            const char *v = strchr(line, ':');
-            if (!v) continue;
-            v++;
-            while (*v == ' ' || *v == '\t') v++;
-            snprintf(env->cpu, sizeof env->cpu, "%s", v);
-            env->cpu[strcspn(env->cpu, "\n")] = '\0';
-            break;
-        }
-        fclose(f);
-    }
-    env->env_threads = getenv("OPENBLAS_NUM_THREADS");
-    env->env_coretype = getenv("OPENBLAS_CORETYPE");
-#if BENCH_HAVE_OPENBLAS_INFO
-    env->blas_threads = openblas_get_num_threads();
-    env->blas_core = openblas_get_corename();
-    env->blas_config = openblas_get_config();
-#else
-    env->blas_threads = -1;
-#endif
-    if (!env->blas_core) env->blas_core = "unknown";
-    if (!env->blas_config) env->blas_config = "unknown";
-    env->allocator = tg_mem_allocator();
-    env->version = tg_version();
-}
-
-void bench_print_env(FILE *f, const bench_env *env)
-{
-    fprintf(f, "tapegrad %s, tensor storage via %s\n", env->version, env->allocator);
-    fprintf(f, "cpu       %s\n", env->cpu);
-    fprintf(f, "openblas  core %s, %d thread%s (OPENBLAS_NUM_THREADS=%s, OPENBLAS_CORETYPE=%s)\n",
-            env->blas_core, env->blas_threads, env->blas_threads == 1 ? "" : "s",
-            env->env_threads ? env->env_threads : "unset",
-            env->env_coretype ? env->env_coretype : "unset");
-    fprintf(f, "          config: %s\n", env->blas_config);
-}
 
 /* ---- (a) tanh chain */
 typedef enum { CHAIN_TAPE, CHAIN_FWD, CHAIN_PLAIN } chain_kind;
@@ -119,9 +33,11 @@ static void plain_chain(float x0, float *y_out, float *g_out)
 {
     float ys[CHAIN_OPS];
     float y = x0;
-    for (int i = 0; i < CHAIN_OPS; i++) ys[i] = y = tanhf(y);
+    for (int i = 0; i < CHAIN_OPS; i++)
+        ys[i] = y = tanhf(y);
     float g = 1.0f;
-    for (int i = CHAIN_OPS - 1; i >= 0; i--) g *= 1.0f - ys[i] * ys[i];
+    for (int i = CHAIN_OPS - 1; i >= 0; i--)
+        g *= 1.0f - ys[i] * ys[i];
     *y_out = y;
     *g_out = g;
 }
@@ -138,7 +54,8 @@ static tg_status chain_once(chain_bench *b, chain_kind kind, double *y)
     }
     tg_scope_begin();
     tg_tensor *t = b->x;
-    for (int i = 0; i < CHAIN_OPS; i++) t = tg_tanh(t);
+    for (int i = 0; i < CHAIN_OPS; i++)
+        t = tg_tanh(t);
     tg_status st = t ? TG_OK : tg_last_error();
     if (!st && y) st = tg_tensor_item(t, y);
     if (!st && kind == CHAIN_TAPE) st = tg_backward(t);
@@ -152,14 +69,14 @@ static tg_status chain_time(chain_bench *b, chain_kind kind, long reps, double *
 {
     bool prev = tg_grad_set_enabled(kind != CHAIN_FWD);
     tg_status st = TG_OK;
-    double t0 = now_ns();
+    double t0 = bench_now_ns();
     for (long r = 0; r < reps && !st; r++) {
         st = chain_once(b, kind, NULL);
         /* A training step clears the gradient; without it the leaf would
          * also pay an accumulate per repetition. */
         if (kind == CHAIN_TAPE) tg_grad_zero(b->x);
     }
-    *ns = now_ns() - t0;
+    *ns = bench_now_ns() - t0;
     tg_grad_set_enabled(prev);
     return st;
 }
@@ -170,18 +87,20 @@ static int chain_check(chain_bench *b, double *err_out, char *err, size_t errlen
 {
     double y;
     tg_grad_zero(b->x);
-    if (chain_once(b, CHAIN_TAPE, &y)) return lib_fail(err, errlen, "tanh chain");
+    if (chain_once(b, CHAIN_TAPE, &y)) return bench_lib_fail(err, errlen, "tanh chain");
     double g;
     tg_tensor *gt = tg_grad(b->x);
-    if (!gt || tg_tensor_item(gt, &g)) return lib_fail(err, errlen, "tanh chain gradient");
+    if (!gt || tg_tensor_item(gt, &g)) return bench_lib_fail(err, errlen, "tanh chain gradient");
     tg_grad_zero(b->x);
     float yr, gr;
     plain_chain(b->x0, &yr, &gr);
     double ey = fabs(y - yr), eg = fabs(g - gr) / fmax(fabs(gr), 1e-30);
     *err_out = fmax(ey, eg);
     if (!(ey <= 1e-5 && eg <= 1e-3))
-        return fail(err, errlen, "tanh chain disagrees with plain C: value %.9g vs %.9g, "
-                                 "gradient %.9g vs %.9g", y, (double)yr, g, (double)gr);
+        return bench_fail(err, errlen,
+                          "tanh chain disagrees with plain C: value %.9g vs %.9g, "
+                          "gradient %.9g vs %.9g",
+                          y, (double)yr, g, (double)gr);
     return 0;
 }
 
@@ -201,7 +120,7 @@ int bench_chain(const bench_opts *opts, bench_chain_result *res, char *err, size
     int64_t one = 1;
     b.x = b.tape ? tg_tensor_from_data(TG_F32, 1, &one, &b.x0) : NULL;
     if (!b.x || tg_requires_grad(b.tape, b.x)) {
-        rc = lib_fail(err, errlen, "tanh chain setup");
+        rc = bench_lib_fail(err, errlen, "tanh chain setup");
         goto out;
     }
     if (chain_check(&b, &res->check_err, err, errlen)) goto out;
@@ -216,7 +135,7 @@ int bench_chain(const bench_opts *opts, bench_chain_result *res, char *err, size
         double ns = 0;
         for (;;) {
             if (chain_time(&b, kind, reps, &ns)) {
-                rc = lib_fail(err, errlen, "tanh chain");
+                rc = bench_lib_fail(err, errlen, "tanh chain");
                 goto out;
             }
             if (ns >= target_ns || reps >= (1L << 30)) break;
@@ -224,12 +143,12 @@ int bench_chain(const bench_opts *opts, bench_chain_result *res, char *err, size
         }
         for (int r = 0; r < warm + runs; r++) {
             if (chain_time(&b, kind, reps, &ns)) {
-                rc = lib_fail(err, errlen, "tanh chain");
+                rc = bench_lib_fail(err, errlen, "tanh chain");
                 goto out;
             }
             if (r >= warm) times[r - warm] = ns / ((double)reps * CHAIN_OPS);
         }
-        per_op[k] = median(times, runs);
+        per_op[k] = bench_median(times, runs);
     }
     res->fwd_bwd_ns = per_op[CHAIN_TAPE];
     res->fwd_only_ns = per_op[CHAIN_FWD];
@@ -246,8 +165,10 @@ out:
 
 void bench_print_chain(FILE *f, const bench_chain_result *r)
 {
-    fprintf(f, "(a) tanh chain: %d ops on a 1-element f32 tensor, cpu backend "
-               "(median of %d runs)\n", r->ops, r->runs);
+    fprintf(f,
+            "(a) tanh chain: %d ops on a 1-element f32 tensor, cpu backend "
+            "(median of %d runs)\n",
+            r->ops, r->runs);
     fprintf(f, "    record + backward   %9.1f ns/op\n", r->fwd_bwd_ns);
     fprintf(f, "    forward, grad off   %9.1f ns/op   record+backward / forward = %.1fx\n",
             r->fwd_only_ns, r->ratio_vs_fwd);
@@ -262,32 +183,24 @@ static const int mlp_dims[MLP_LAYERS + 1] = {784, 512, 512, 10};
 
 typedef struct {
     tg_tape *tape;
-    tg_tensor *x, *y;                       /* (B, 784) f32, (B) i64 */
+    tg_tensor *x, *y;                         /* (B, 784) f32, (B) i64 */
     tg_tensor *w[MLP_LAYERS], *b[MLP_LAYERS]; /* (in, out), (out): leaves */
     double loss;
     /* Raw buffers for the reference and the cblas baseline. */
     float *X, *W[MLP_LAYERS], *bias[MLP_LAYERS];
-    float *Z[MLP_LAYERS];  /* (B, out) pre-activation */
-    float *H[MLP_LAYERS];  /* (B, out) post-ReLU (H[2] written, unused: logits are Z[2]) */
+    float *Z[MLP_LAYERS]; /* (B, out) pre-activation */
+    float *H[MLP_LAYERS]; /* (B, out) post-ReLU (H[2] written, unused: logits are Z[2]) */
     float *dZ[MLP_LAYERS], *dH[MLP_LAYERS], *dW[MLP_LAYERS], *db[MLP_LAYERS];
     int64_t *labels;
 } mlp_bench;
-
-/* C (m,n) = op(A) op(B), row-major, as tapegrad's cpu GEMM calls it. */
-static void sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b,
-                  int ldb, float *c, int ldc)
-{
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-}
 
 /* The 3 forward GEMMs of the MLP: Z[l] = H[l-1] W[l] (H[-1] = X). */
 static void raw_forward_gemms(mlp_bench *m)
 {
     for (int l = 0; l < MLP_LAYERS; l++) {
         const float *in = l ? m->H[l - 1] : m->X;
-        sgemm(false, false, MLP_B, mlp_dims[l + 1], mlp_dims[l], in, mlp_dims[l], m->W[l],
-              mlp_dims[l + 1], m->Z[l], mlp_dims[l + 1]);
+        bench_sgemm(false, false, MLP_B, mlp_dims[l + 1], mlp_dims[l], in, mlp_dims[l], m->W[l],
+                    mlp_dims[l + 1], m->Z[l], mlp_dims[l + 1]);
     }
 }
 
@@ -299,8 +212,9 @@ static void raw_backward_gemms(mlp_bench *m)
     for (int l = MLP_LAYERS - 1; l >= 0; l--) {
         int in = mlp_dims[l], out = mlp_dims[l + 1];
         const float *a = l ? m->H[l - 1] : m->X;
-        sgemm(true, false, in, out, MLP_B, a, in, m->dZ[l], out, m->dW[l], out);
-        if (l) sgemm(false, true, MLP_B, in, out, m->dZ[l], out, m->W[l], out, m->dH[l - 1], in);
+        bench_sgemm(true, false, in, out, MLP_B, a, in, m->dZ[l], out, m->dW[l], out);
+        if (l)
+            bench_sgemm(false, true, MLP_B, in, out, m->dZ[l], out, m->W[l], out, m->dH[l - 1], in);
     }
 }
 
@@ -311,7 +225,7 @@ static void raw_reference(mlp_bench *m, double *loss)
     for (int l = 0; l < MLP_LAYERS; l++) {
         const float *in = l ? m->H[l - 1] : m->X;
         int n = mlp_dims[l + 1];
-        sgemm(false, false, MLP_B, n, mlp_dims[l], in, mlp_dims[l], m->W[l], n, m->Z[l], n);
+        bench_sgemm(false, false, MLP_B, n, mlp_dims[l], in, mlp_dims[l], m->W[l], n, m->Z[l], n);
         for (int i = 0; i < MLP_B * n; i++) {
             m->Z[l][i] += m->bias[l][i % n];
             m->H[l][i] = m->Z[l][i] > 0 ? m->Z[l][i] : 0.0f;
@@ -322,8 +236,10 @@ static void raw_reference(mlp_bench *m, double *loss)
     double total = 0;
     for (int i = 0; i < MLP_B; i++) {
         double mx = z[i * C], s = 0;
-        for (int c = 1; c < C; c++) mx = fmax(mx, z[i * C + c]);
-        for (int c = 0; c < C; c++) s += exp(z[i * C + c] - mx);
+        for (int c = 1; c < C; c++)
+            mx = fmax(mx, z[i * C + c]);
+        for (int c = 0; c < C; c++)
+            s += exp(z[i * C + c] - mx);
         total -= z[i * C + m->labels[i]] - mx - log(s);
         for (int c = 0; c < C; c++)
             dz[i * C + c] = (float)((exp(z[i * C + c] - mx) / s - (c == m->labels[i])) / MLP_B);
@@ -332,11 +248,13 @@ static void raw_reference(mlp_bench *m, double *loss)
     for (int l = MLP_LAYERS - 1; l >= 0; l--) {
         int in = mlp_dims[l], out = mlp_dims[l + 1];
         const float *a = l ? m->H[l - 1] : m->X;
-        sgemm(true, false, in, out, MLP_B, a, in, m->dZ[l], out, m->dW[l], out);
-        for (int j = 0; j < out; j++) m->db[l][j] = 0;
-        for (int i = 0; i < MLP_B * out; i++) m->db[l][i % out] += m->dZ[l][i];
+        bench_sgemm(true, false, in, out, MLP_B, a, in, m->dZ[l], out, m->dW[l], out);
+        for (int j = 0; j < out; j++)
+            m->db[l][j] = 0;
+        for (int i = 0; i < MLP_B * out; i++)
+            m->db[l][i % out] += m->dZ[l][i];
         if (!l) break;
-        sgemm(false, true, MLP_B, in, out, m->dZ[l], out, m->W[l], out, m->dH[l - 1], in);
+        bench_sgemm(false, true, MLP_B, in, out, m->dZ[l], out, m->W[l], out, m->dH[l - 1], in);
         for (int i = 0; i < MLP_B * in; i++)
             m->dZ[l - 1][i] = m->Z[l - 1][i] > 0 ? m->dH[l - 1][i] : 0.0f;
     }
@@ -377,7 +295,7 @@ static double rel_err(const float *a, const float *b, int n)
 
 static int mlp_check(mlp_bench *m, double *worst, char *err, size_t errlen)
 {
-    if (mlp_step(m, true)) return lib_fail(err, errlen, "mlp step");
+    if (mlp_step(m, true)) return bench_lib_fail(err, errlen, "mlp step");
     double ref_loss;
     raw_reference(m, &ref_loss);
     *worst = fabs(m->loss - ref_loss) / fmax(fabs(ref_loss), 1e-30);
@@ -385,7 +303,7 @@ static int mlp_check(mlp_bench *m, double *worst, char *err, size_t errlen)
     for (int l = 0; l < MLP_LAYERS; l++) {
         tg_tensor *gw = tg_grad(m->w[l]), *gb = tg_grad(m->b[l]);
         const float *pw = gw ? tg_tensor_data(gw) : NULL, *pb = gb ? tg_tensor_data(gb) : NULL;
-        if (!pw || !pb) return lib_fail(err, errlen, "mlp gradients");
+        if (!pw || !pb) return bench_lib_fail(err, errlen, "mlp gradients");
         double ew = rel_err(pw, m->dW[l], mlp_dims[l] * mlp_dims[l + 1]);
         double eb = rel_err(pb, m->db[l], mlp_dims[l + 1]);
         static const char *const names[2][MLP_LAYERS] = {{"dW1", "dW2", "dW3"},
@@ -400,8 +318,10 @@ static int mlp_check(mlp_bench *m, double *worst, char *err, size_t errlen)
         }
     }
     if (!(*worst <= 1e-3))
-        return fail(err, errlen, "mlp disagrees with the raw sgemm reference: %s relative "
-                                 "error %.3g (loss %.6g vs %.6g)", what, *worst, m->loss, ref_loss);
+        return bench_fail(err, errlen,
+                          "mlp disagrees with the raw sgemm reference: %s relative "
+                          "error %.3g (loss %.6g vs %.6g)",
+                          what, *worst, m->loss, ref_loss);
     return 0;
 }
 
@@ -438,7 +358,8 @@ static int mlp_setup(mlp_bench *m, char *err, size_t errlen)
     m->X = malloc(sizeof(float) * MLP_B * (size_t)mlp_dims[0]);
     bool ok = m->tape && m->x && m->labels && m->X;
     if (ok) {
-        for (int i = 0; i < MLP_B; i++) m->labels[i] = (int64_t)(tg_rng_next(&rng) % 10);
+        for (int i = 0; i < MLP_B; i++)
+            m->labels[i] = (int64_t)(tg_rng_next(&rng) % 10);
         m->y = tg_tensor_from_data(TG_I64, 1, &ys, m->labels);
         ok = m->y && !tg_tensor_copy_out(m->x, m->X, sizeof(float) * MLP_B * (size_t)mlp_dims[0]);
     }
@@ -465,8 +386,8 @@ static int mlp_setup(mlp_bench *m, char *err, size_t errlen)
     }
     tg_set_default_backend(prev);
     if (!ok) {
-        if (tg_last_error()) return lib_fail(err, errlen, "mlp setup");
-        return fail(err, errlen, "mlp setup: out of memory");
+        if (tg_last_error()) return bench_lib_fail(err, errlen, "mlp setup");
+        return bench_fail(err, errlen, "mlp setup: out of memory");
     }
     return 0;
 }
@@ -496,53 +417,56 @@ int bench_mlp(const bench_opts *opts, bench_mlp_result *res, char *err, size_t e
     if (mlp_setup(&m, err, errlen) || mlp_check(&m, &res->check_err, err, errlen)) goto out;
     for (int v = 0; v < NVAR; v++)
         if (!(t[v] = malloc((size_t)runs * sizeof(double)))) {
-            fail(err, errlen, "mlp: out of memory");
+            bench_fail(err, errlen, "mlp: out of memory");
             goto out;
         }
     /* Interleave the variants so drift in clock speed hits all alike. */
     for (int r = 0; r < warm + runs; r++) {
         double ns[NVAR], t0;
         tg_status st;
-        t0 = now_ns();
+        t0 = bench_now_ns();
         st = mlp_step(&m, true);
-        ns[TG_STEP] = now_ns() - t0;
-        t0 = now_ns();
+        ns[TG_STEP] = bench_now_ns() - t0;
+        t0 = bench_now_ns();
         raw_forward_gemms(&m);
         raw_backward_gemms(&m);
-        ns[RAW_STEP] = now_ns() - t0;
-        t0 = now_ns();
+        ns[RAW_STEP] = bench_now_ns() - t0;
+        t0 = bench_now_ns();
         if (!st) st = mlp_step(&m, false);
-        ns[TG_FWD] = now_ns() - t0;
-        t0 = now_ns();
+        ns[TG_FWD] = bench_now_ns() - t0;
+        t0 = bench_now_ns();
         raw_forward_gemms(&m);
-        ns[RAW_FWD] = now_ns() - t0;
+        ns[RAW_FWD] = bench_now_ns() - t0;
         if (st) {
-            lib_fail(err, errlen, "mlp step");
+            bench_lib_fail(err, errlen, "mlp step");
             goto out;
         }
         if (r >= warm)
-            for (int v = 0; v < NVAR; v++) t[v][r - warm] = ns[v] * 1e-6;
+            for (int v = 0; v < NVAR; v++)
+                t[v][r - warm] = ns[v] * 1e-6;
     }
-    res->tg_step_ms = median(t[TG_STEP], runs);
-    res->raw_step_ms = median(t[RAW_STEP], runs);
-    res->tg_fwd_ms = median(t[TG_FWD], runs);
-    res->raw_fwd_ms = median(t[RAW_FWD], runs);
+    res->tg_step_ms = bench_median(t[TG_STEP], runs);
+    res->raw_step_ms = bench_median(t[RAW_STEP], runs);
+    res->tg_fwd_ms = bench_median(t[TG_FWD], runs);
+    res->raw_fwd_ms = bench_median(t[RAW_FWD], runs);
     res->tg_gflops = res->flops_total / (res->tg_step_ms * 1e6);
     res->raw_gflops = res->flops_total / (res->raw_step_ms * 1e6);
     res->ratio = res->tg_step_ms / res->raw_step_ms;
     res->fwd_ratio = res->tg_fwd_ms / res->raw_fwd_ms;
     rc = 0;
 out:
-    for (int v = 0; v < NVAR; v++) free(t[v]);
+    for (int v = 0; v < NVAR; v++)
+        free(t[v]);
     mlp_free(&m);
     return rc;
 }
 
 void bench_print_mlp(FILE *f, const bench_mlp_result *r)
 {
-    fprintf(f, "(b) MLP %d-%d-%d-%d ReLU, batch %d, f32, cpu backend, cross-entropy "
-               "(median of %d runs)\n", r->in, r->hidden, r->hidden, r->classes, r->batch,
-            r->runs);
+    fprintf(f,
+            "(b) MLP %d-%d-%d-%d ReLU, batch %d, f32, cpu backend, cross-entropy "
+            "(median of %d runs)\n",
+            r->in, r->hidden, r->hidden, r->classes, r->batch, r->runs);
     fprintf(f, "    checked against a plain C + cblas_sgemm reference: max rel error %.2g\n",
             r->check_err);
     fprintf(f, "                                 time    GFLOP/s\n");
@@ -555,115 +479,28 @@ void bench_print_mlp(FILE *f, const bench_mlp_result *r)
             r->raw_fwd_ms, r->flops_fwd / (r->raw_fwd_ms * 1e6), r->fwd_ratio);
 }
 
-/* ---- JSON */
-static void json_str(FILE *f, const char *s)
+/* ---- JSON pieces (objects without the key) */
+void bench_json_chain(FILE *f, const bench_chain_result *c)
 {
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c < 0x20)
-            fprintf(f, "\\u%04x", c);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
+    fprintf(f,
+            "{\"ops\": %d, \"runs\": %d, \"fwd_bwd_ns_per_op\": %.6g, "
+            "\"fwd_only_ns_per_op\": %.6g, \"plain_c_ns_per_op\": %.6g, "
+            "\"ratio_vs_plain_c\": %.6g, \"ratio_vs_fwd_only\": %.6g, "
+            "\"check_error\": %.6g}",
+            c->ops, c->runs, c->fwd_bwd_ns, c->fwd_only_ns, c->plain_ns, c->ratio_vs_plain,
+            c->ratio_vs_fwd, c->check_err);
 }
 
-int bench_write_json(const char *path, const bench_env *env, const bench_chain_result *c,
-                     const bench_mlp_result *m)
+void bench_json_mlp(FILE *f, const bench_mlp_result *m)
 {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    fprintf(f, "{\n  \"tapegrad_version\": ");
-    json_str(f, env->version);
-    fprintf(f, ",\n  \"allocator\": ");
-    json_str(f, env->allocator);
-    fprintf(f, ",\n  \"cpu\": ");
-    json_str(f, env->cpu);
-    fprintf(f, ",\n  \"openblas_threads\": %d,\n  \"openblas_core\": ", env->blas_threads);
-    json_str(f, env->blas_core);
-    fprintf(f, ",\n  \"openblas_config\": ");
-    json_str(f, env->blas_config);
-    fprintf(f, ",\n  \"env_OPENBLAS_NUM_THREADS\": ");
-    if (env->env_threads) json_str(f, env->env_threads); else fprintf(f, "null");
-    fprintf(f, ",\n  \"env_OPENBLAS_CORETYPE\": ");
-    if (env->env_coretype) json_str(f, env->env_coretype); else fprintf(f, "null");
-    if (c)
-        fprintf(f, ",\n  \"tanh_chain\": {\"ops\": %d, \"runs\": %d, \"fwd_bwd_ns_per_op\": %.6g, "
-                   "\"fwd_only_ns_per_op\": %.6g, \"plain_c_ns_per_op\": %.6g, "
-                   "\"ratio_vs_plain_c\": %.6g, \"ratio_vs_fwd_only\": %.6g, "
-                   "\"check_error\": %.6g}",
-                c->ops, c->runs, c->fwd_bwd_ns, c->fwd_only_ns, c->plain_ns, c->ratio_vs_plain,
-                c->ratio_vs_fwd, c->check_err);
-    if (m)
-        fprintf(f, ",\n  \"mlp\": {\"batch\": %d, \"dims\": [%d, %d, %d, %d], \"runs\": %d, "
-                   "\"flops_forward\": %.0f, \"flops_step\": %.0f, "
-                   "\"tapegrad_step_ms\": %.6g, \"raw_sgemm_step_ms\": %.6g, "
-                   "\"tapegrad_forward_ms\": %.6g, \"raw_sgemm_forward_ms\": %.6g, "
-                   "\"tapegrad_step_gflops\": %.6g, \"raw_sgemm_step_gflops\": %.6g, "
-                   "\"ratio_step\": %.6g, \"ratio_forward\": %.6g, \"check_rel_error\": %.6g}",
-                m->batch, m->in, m->hidden, m->hidden, m->classes, m->runs, m->flops_fwd,
-                m->flops_total, m->tg_step_ms, m->raw_step_ms, m->tg_fwd_ms, m->raw_fwd_ms,
-                m->tg_gflops, m->raw_gflops, m->ratio, m->fwd_ratio, m->check_err);
-    fprintf(f, "\n}\n");
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) return -1;
-    return 0;
+    fprintf(f,
+            "{\"batch\": %d, \"dims\": [%d, %d, %d, %d], \"runs\": %d, "
+            "\"flops_forward\": %.0f, \"flops_step\": %.0f, "
+            "\"tapegrad_step_ms\": %.6g, \"raw_sgemm_step_ms\": %.6g, "
+            "\"tapegrad_forward_ms\": %.6g, \"raw_sgemm_forward_ms\": %.6g, "
+            "\"tapegrad_step_gflops\": %.6g, \"raw_sgemm_step_gflops\": %.6g, "
+            "\"ratio_step\": %.6g, \"ratio_forward\": %.6g, \"check_rel_error\": %.6g}",
+            m->batch, m->in, m->hidden, m->hidden, m->classes, m->runs, m->flops_fwd,
+            m->flops_total, m->tg_step_ms, m->raw_step_ms, m->tg_fwd_ms, m->raw_fwd_ms,
+            m->tg_gflops, m->raw_gflops, m->ratio, m->fwd_ratio, m->check_err);
 }
-
-#ifdef BENCH_CORE_MAIN
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: bench_core [--quick] [--json FILE]\n"
-               "  --quick      fewer, shorter runs (smoke test, not a measurement)\n"
-               "  --json FILE  also write every figure to FILE as JSON\n");
-}
-
-int main(int argc, char **argv)
-{
-    bench_opts opts = {0};
-    const char *json = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--quick") == 0) {
-            opts.quick = true;
-        } else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
-            json = argv[++i];
-        } else if (strncmp(argv[i], "--json=", 7) == 0 && argv[i][7]) {
-            json = argv[i] + 7;
-        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 0;
-        } else {
-            fprintf(stderr, "bench_core: unknown argument '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-    }
-    bench_env env;
-    bench_chain_result chain;
-    bench_mlp_result mlp;
-    char err[512];
-    bench_env_get(&env);
-    bench_print_env(stdout, &env);
-    printf("\n");
-    if (bench_chain(&opts, &chain, err, sizeof err)) {
-        fprintf(stderr, "bench_core: %s\n", err);
-        return 1;
-    }
-    bench_print_chain(stdout, &chain);
-    printf("\n");
-    fflush(stdout);
-    if (bench_mlp(&opts, &mlp, err, sizeof err)) {
-        fprintf(stderr, "bench_core: %s\n", err);
-        return 1;
-    }
-    bench_print_mlp(stdout, &mlp);
-    if (json && bench_write_json(json, &env, &chain, &mlp)) {
-        fprintf(stderr, "bench_core: cannot write %s: %s\n", json, strerror(errno));
-        return 1;
-    }
-    return 0;
-}
-#endif

@@ -1,0 +1,229 @@
+/* bench.h - the benchmark suite behind `tapegrad bench` and the
+ * bench_suite / bench_core executables. The same sources are compiled into
+ * the CLI and the executables, so both report exactly the same
+ * measurement. Not installed.
+ *
+ *   common.c      clock, statistics, environment, raw sgemm, errors
+ *   core.c        the two core figures (tanh chain ns/op, MLP vs sgemm)
+ *   wl_small.c    workloads tiny, chain, elementwise, rnn
+ *   wl_gemm.c     workloads mlp, conv, deep (with their raw GEMMs)
+ *   suite.c       runs one workload: checks, timing, memory, profile, DOT
+ *   report.c      the table and the JSON
+ *   cli.c         argument parsing shared by `tapegrad bench` and bench_suite */
+#ifndef TG_BENCH_H
+#define TG_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <tapegrad.h>
+
+/* ---- common.c */
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+double bench_now_ns(void);
+
+/* Median, min and max of a sample, in ms per iteration. */
+typedef struct bench_stat {
+    double median, min, max;
+} bench_stat;
+
+/* Sorts v (n > 0) in place and summarises it. */
+bench_stat bench_stat_of(double *v, int n);
+/* Median of v (sorts it). */
+double bench_median(double *v, int n);
+
+/* Formats into err and returns -1. */
+int bench_fail(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* bench_fail with the library's last error message appended. */
+int bench_lib_fail(char *err, size_t errlen, const char *what);
+
+/* C (m,n) = op(A) op(B), row-major, beta 0: the call tapegrad's cpu GEMM
+ * makes. */
+void bench_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b,
+                 int ldb, float *c, int ldc);
+/* malloc of n floats filled with a small deterministic pattern (so raw
+ * GEMMs never see NaN or denormals); NULL on OOM. */
+float *bench_floats(size_t n, float scale);
+/* Copies a contiguous f32 tensor into a new malloc'd buffer (NULL on error). */
+float *bench_copy_f32(tg_tensor *t);
+
+/* Where the figures were measured. Strings point into the struct or at
+ * static/library storage; valid for the life of the process. */
+typedef struct bench_env {
+    char cpu[160];            /* "model name" from /proc/cpuinfo, or "unknown" */
+    int ncpu;                 /* online processors */
+    int blas_threads;         /* openblas_get_num_threads(), -1 if unknown */
+    int tg_threads;           /* tg_num_threads() */
+    const char *env_threads;  /* OPENBLAS_NUM_THREADS as set, or NULL */
+    const char *env_omp;      /* OMP_NUM_THREADS as set, or NULL */
+    const char *env_coretype; /* OPENBLAS_CORETYPE as set, or NULL */
+    const char *blas_core;    /* openblas_get_corename(), or "unknown" */
+    const char *blas_config;  /* openblas_get_config(), or "unknown" */
+    const char *allocator;    /* tg_mem_allocator() */
+    const char *version;      /* tg_version() */
+    double load1;             /* 1-minute load average at start, -1 unknown */
+} bench_env;
+
+/* Fills env (never fails). */
+void bench_env_get(bench_env *env);
+void bench_print_env(FILE *f, const bench_env *env);
+
+/* JSON helpers: a quoted, escaped string (NULL writes null). */
+void bench_json_str(FILE *f, const char *s);
+
+/* ---- core.c: the two core figures of the first benchmark issue. */
+typedef struct bench_opts {
+    bool quick; /* fewer and shorter runs (a smoke run, not a measurement) */
+} bench_opts;
+
+/* (a) Per-op overhead: a chain of `ops` tg_tanh on a 1-element f32 leaf. */
+typedef struct bench_chain_result {
+    int ops;               /* chain length (100) */
+    int runs;              /* timed runs the medians are taken over */
+    double fwd_bwd_ns;     /* record + backward + tape reset, per op */
+    double fwd_only_ns;    /* same chain, grad disabled, per op */
+    double plain_ns;       /* plain C tanhf + derivative, per op */
+    double ratio_vs_plain; /* fwd_bwd_ns / plain_ns */
+    double ratio_vs_fwd;   /* fwd_bwd_ns / fwd_only_ns */
+    double check_err;      /* |grad_tapegrad - grad_plain| checked before timing */
+} bench_chain_result;
+
+/* (b) 784-512-512-10 ReLU MLP, batch 128, f32, cpu backend, cross-entropy,
+ * weights (in, out) as plain leaves. */
+typedef struct bench_mlp_result {
+    int batch, in, hidden, classes;
+    int runs;                     /* timed runs per variant (interleaved) */
+    double flops_fwd;             /* the 3 forward GEMMs */
+    double flops_total;           /* 3 forward + 3 dW + 2 dX GEMMs */
+    double tg_step_ms;            /* tapegrad forward + backward (+ reset), median */
+    double tg_fwd_ms;             /* tapegrad forward only (recording), median */
+    double raw_step_ms;           /* the same 8 cblas_sgemm calls, median */
+    double raw_fwd_ms;            /* the 3 forward cblas_sgemm calls, median */
+    double tg_gflops, raw_gflops; /* flops_total / step time */
+    double ratio;                 /* tg_step_ms / raw_step_ms */
+    double fwd_ratio;             /* tg_fwd_ms / raw_fwd_ms */
+    double check_err;             /* worst relative error vs the raw reference */
+} bench_mlp_result;
+
+/* 0 on success; otherwise -1 with a message in err (a result that
+ * disagrees with the reference is a failure, and nothing is timed). */
+int bench_chain(const bench_opts *opts, bench_chain_result *res, char *err, size_t errlen);
+int bench_mlp(const bench_opts *opts, bench_mlp_result *res, char *err, size_t errlen);
+void bench_print_chain(FILE *f, const bench_chain_result *r);
+void bench_print_mlp(FILE *f, const bench_mlp_result *r);
+void bench_json_chain(FILE *f, const bench_chain_result *c);
+void bench_json_mlp(FILE *f, const bench_mlp_result *m);
+
+/* ---- Workloads (wl_small.c, wl_gemm.c). Each keeps its own state; the
+ * suite drives them all the same way. */
+typedef struct bench_workload {
+    const char *name;
+    const char *desc;      /* one line: model, sizes, loss */
+    bool sequential;       /* --policy segments uses tg_checkpoint_sequential */
+    double check_tol;      /* relative tolerance of the loss against the reference */
+    const char *gemm_desc; /* what the raw GEMMs are, NULL: none timed */
+    double gemm_flops_fwd, gemm_flops_all; /* of those GEMMs */
+    /* Builds parameters and inputs; NULL with err set on failure. */
+    void *(*setup)(char *err, size_t errlen);
+    tg_params *(*params)(void *st);
+    /* Records the forward on tape in the caller's scope and returns the
+     * one-element loss (NULL, error set, on failure). segments: --policy
+     * segments. */
+    tg_tensor *(*forward)(void *st, tg_tape *tape, bool segments);
+    /* The loss recomputed in plain C (+ cblas) from the current parameters. */
+    int (*reference)(void *st, double *loss, char *err, size_t errlen);
+    /* Optional: compares the gradients left by a backward with a plain-C
+     * derivative; *rel gets the worst relative error. */
+    int (*check_grad)(void *st, double *rel, char *err, size_t errlen);
+    /* Optional: the workload's GEMMs with raw cblas_sgemm, forward only or
+     * forward and backward. */
+    void (*gemm)(void *st, bool backward);
+    void (*teardown)(void *st);
+} bench_workload;
+
+extern const bench_workload bench_wl_tiny, bench_wl_chain, bench_wl_elementwise, bench_wl_rnn;
+extern const bench_workload bench_wl_mlp, bench_wl_conv, bench_wl_deep;
+
+/* Every workload in the suite's order; NULL-terminated. */
+extern const bench_workload *const bench_workloads[];
+const bench_workload *bench_workload_find(const char *name);
+
+/* ---- suite.c */
+typedef enum bench_policy {
+    BENCH_POLICY_NONE = 0,
+    BENCH_POLICY_BALANCED,
+    BENCH_POLICY_BUDGET,
+    BENCH_POLICY_SEGMENTS
+} bench_policy;
+
+typedef struct bench_suite_opts {
+    bool quick;
+    bool profile; /* profile a few extra fwd+bwd steps per workload */
+    bench_policy policy;
+    size_t budget_bytes;  /* BENCH_POLICY_BUDGET */
+    const char *dot_path; /* write the mlp tape here, or NULL */
+    int threads;          /* tg_set_num_threads, 0: as the environment says */
+} bench_suite_opts;
+
+#define BENCH_PROFILE_ROWS 32
+
+/* Profiler rows per step (figures divided by the number of profiled steps). */
+typedef struct bench_profile {
+    int steps;
+    int nrows;
+    tg_profile_row rows[BENCH_PROFILE_ROWS]; /* sorted by total time, descending */
+} bench_profile;
+
+typedef struct bench_result {
+    const bench_workload *wl;
+    bool ok;
+    char error[512];                /* why it failed, when !ok */
+    int runs, warmup, reps;         /* samples, warm-up samples, iterations per sample */
+    bench_stat fwd, fwd_bwd, train; /* ms per iteration */
+    bool have_gemm;
+    bench_stat gemm_fwd, gemm_all;   /* raw cblas_sgemm, ms per iteration */
+    double ratio_fwd, ratio_fwd_bwd; /* median tapegrad / median raw GEMMs */
+    size_t mem_peak_bytes;           /* tensor storage above the baseline, one fwd+bwd */
+    size_t mem_train_peak_bytes;     /* same, one train step */
+    size_t saved_peak_bytes;         /* tg_tape_saved_peak_bytes of one fwd+bwd */
+    int64_t nodes;                   /* tape nodes of one forward */
+    int64_t recomputes;              /* recomputed forwards in one backward */
+    double loss, ref_loss, loss_rel_err;
+    double grad_norm;     /* tg_params_grad_norm after one fwd+bwd */
+    bool grad_repeatable; /* two fwd+bwd gave bitwise equal loss and norm */
+    bool have_grad_check;
+    double grad_rel_err;
+    bool have_chain; /* chain: the per-op figures of core.c */
+    bench_chain_result chain;
+    bool have_profile;
+    bench_profile profile;
+} bench_result;
+
+/* Runs one workload; res->ok tells whether it worked (res->error why not).
+ * Returns 0 on success, -1 on failure. */
+int bench_run(const bench_workload *wl, const bench_suite_opts *opts, bench_result *res);
+/* Writes the mlp workload's tape (one forward under opts' policy) as DOT. */
+int bench_write_dot(const bench_suite_opts *opts, const char *path, char *err, size_t errlen);
+const char *bench_policy_name(bench_policy p);
+
+/* ---- report.c */
+void bench_print_header(FILE *f, const bench_env *env, const bench_suite_opts *opts);
+void bench_print_table_head(FILE *f);
+void bench_print_result(FILE *f, const bench_result *r);
+void bench_print_profile(FILE *f, const bench_result *r);
+/* The checks, extra figures and (with --profile) the profile of r. */
+void bench_print_notes(FILE *f, const bench_result *r);
+/* Every figure as one JSON object. 0 on success, -1 (errno set) if the
+ * file cannot be written. */
+int bench_write_json(const char *path, const bench_env *env, const bench_suite_opts *opts,
+                     const bench_result *res, int n);
+
+/* ---- cli.c: `prog [WORKLOAD...] [options]`; returns an exit status
+ * (0 ok, 1 a check or library call failed, 2 usage error). */
+int bench_cli(const char *prog, int argc, char **argv);
+void bench_cli_usage(FILE *f, const char *prog);
+
+#endif

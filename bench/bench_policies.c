@@ -1,0 +1,210 @@
+/* bench_policies: time and memory per checkpoint policy on the three
+ * workloads of the checkpointing issue, each ratio taken against NONE in
+ * the same run (medians of interleaved runs, CLOCK_MONOTONIC).
+ *   elementwise: sum(tanh(x*x + 1) * sigmoid(x)), x 1M f32 (a leaf)
+ *   deep:        16 x (Linear 1024 + ReLU), batch 256, f32, mean loss
+ *   lstm:        LSTM cell, input 32, hidden 128, batch 32, 32 steps
+ * Policies: none, balanced, budget (half of NONE's saved peak), segments
+ * (tg_checkpoint_sequential, sqrt(n) groups; the elementwise chain as one
+ * segment). Before timing, every policy's gradients are compared with
+ * NONE's and must be bitwise equal. Usage: bench_policies [--quick] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tapegrad.h>
+#include <time.h>
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+enum { NONE, BALANCED, BUDGET, SEGMENTS, NPOL };
+static const char *const pol_names[NPOL] = {"none", "balanced", "budget", "segments"};
+
+typedef struct {
+    const char *name;
+    int nparams;
+    tg_tensor *p[40];
+    tg_tensor *x;
+    tg_params *ps;
+    tg_lstm_cell *cell;
+    tg_tensor *xs[32];
+} workload;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static tg_tensor *deep_layer(void *ud, int l, tg_tensor *h)
+{
+    workload *w = ud;
+    return tg_relu(tg_add(tg_matmul(h, w->p[2 * l]), w->p[2 * l + 1]));
+}
+
+static tg_tensor *lstm_step(void *ud, int t, tg_tensor *hc)
+{
+    workload *w = ud;
+    tg_tensor *h2, *c2;
+    tg_tensor *h = tg_narrow(hc, 1, 0, 128), *c = tg_narrow(hc, 1, 128, 128);
+    if (tg_lstm_cell_forward(w->cell, w->xs[t], h, c, &h2, &c2)) return NULL;
+    tg_tensor *both[2] = {h2, c2};
+    return tg_concat(2, both, 1);
+}
+
+static tg_tensor *elem(void *ud, int l, tg_tensor *x)
+{
+    (void)ud;
+    (void)l;
+    return tg_sum(tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0)), tg_sigmoid(x)));
+}
+
+/* One forward+backward under policy; returns seconds, fills the saved
+ * peak and the process's tensor-memory peak above the baseline. */
+static double run(workload *w, int pol, size_t budget, size_t *saved, size_t *mem, double **grads)
+{
+    tg_tape_opts o = {0};
+    if (pol == BALANCED) o.policy = TG_CHECKPOINT_BALANCED;
+    if (pol == BUDGET) {
+        o.policy = TG_CHECKPOINT_BUDGET;
+        o.budget_bytes = budget;
+    }
+    tg_tape *tape = tg_tape_new(&o);
+    for (int i = 0; i < w->nparams; i++) tg_requires_grad(tape, w->p[i]);
+    size_t base = tg_mem_current_bytes();
+    tg_mem_reset_peak();
+    double t0 = now_s();
+    tg_scope_begin();
+    tg_tensor *loss;
+    if (!strcmp(w->name, "elementwise")) {
+        loss = pol == SEGMENTS ? tg_checkpoint(tape, elem, w, w->x) : elem(w, 0, w->x);
+    } else if (!strcmp(w->name, "deep")) {
+        tg_tensor *h = pol == SEGMENTS ? tg_checkpoint_sequential(tape, 16, 0, deep_layer, w, w->x)
+                                       : NULL;
+        if (pol != SEGMENTS) {
+            h = w->x;
+            for (int l = 0; l < 16; l++) h = deep_layer(w, l, h);
+        }
+        loss = tg_mean(h);
+    } else {
+        tg_tensor *hc = w->x;
+        if (pol == SEGMENTS)
+            hc = tg_checkpoint_sequential(tape, 32, 0, lstm_step, w, hc);
+        else
+            for (int t = 0; t < 32; t++) hc = lstm_step(w, t, hc);
+        loss = tg_mean(tg_mul(hc, hc));
+    }
+    if (saved) *saved = tg_tape_saved_peak_bytes(tape);
+    if (!loss || tg_backward(loss)) {
+        fprintf(stderr, "bench_policies: %s under %s: %s\n", w->name, pol_names[pol],
+                tg_last_error_message());
+        exit(1);
+    }
+    tg_scope_end();
+    double t = now_s() - t0;
+    if (mem) *mem = tg_mem_peak_bytes() - base;
+    if (grads) {
+        size_t total = 0;
+        for (int i = 0; i < w->nparams; i++) total += (size_t)tg_tensor_numel(w->p[i]);
+        double *g = malloc(total * sizeof *g), *q = g;
+        for (int i = 0; i < w->nparams; i++) {
+            tg_scope_begin();
+            tg_tensor *g64 = tg_cast(tg_grad(w->p[i]), TG_F64);
+            tg_tensor_copy_out(g64, q, (size_t)tg_tensor_numel(g64) * 8);
+            q += tg_tensor_numel(g64);
+            tg_scope_end();
+        }
+        *grads = g;
+    }
+    for (int i = 0; i < w->nparams; i++) tg_grad_zero(w->p[i]);
+    tg_tape_free(tape);
+    return t;
+}
+
+static void setup(workload *w, const char *name, tg_rng *rng)
+{
+    memset(w, 0, sizeof *w);
+    w->name = name;
+    if (!strcmp(name, "elementwise")) {
+        w->x = tg_rand_uniform(rng, TG_F32, 1, SHAPE(1 << 20), -2, 2);
+        w->p[0] = w->x;
+        w->nparams = 1;
+    } else if (!strcmp(name, "deep")) {
+        for (int l = 0; l < 16; l++) {
+            w->p[2 * l] = tg_rand_normal(rng, TG_F32, 2, SHAPE(1024, 1024), 0, sqrt(2.0 / 1024));
+            w->p[2 * l + 1] = tg_zeros(TG_F32, 1, SHAPE(1024));
+        }
+        w->nparams = 32;
+        w->x = tg_rand_normal(rng, TG_F32, 2, SHAPE(256, 1024), 0, 1);
+    } else {
+        w->ps = tg_params_new();
+        w->cell = tg_lstm_cell_new(w->ps, "lstm", 32, 128, TG_F32, rng);
+        for (int i = 0; i < tg_params_count(w->ps); i++) w->p[w->nparams++] = tg_params_at(w->ps, i);
+        for (int t = 0; t < 32; t++) w->xs[t] = tg_rand_normal(rng, TG_F32, 2, SHAPE(32, 32), 0, 1);
+        w->x = tg_zeros(TG_F32, 2, SHAPE(32, 256));
+    }
+}
+
+static void teardown(workload *w)
+{
+    if (w->ps) {
+        tg_lstm_cell_free(w->cell);
+        tg_params_free(w->ps);
+        for (int t = 0; t < 32; t++) tg_tensor_release(w->xs[t]);
+        tg_tensor_release(w->x);
+        return;
+    }
+    for (int i = 0; i < w->nparams; i++)
+        if (w->p[i] != w->x) tg_tensor_release(w->p[i]);
+    tg_tensor_release(w->x);
+}
+
+int main(int argc, char **argv)
+{
+    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    int runs = quick ? 3 : 11;
+    static const char *const names[3] = {"elementwise", "deep", "lstm"};
+    tg_rng rng;
+    tg_rng_seed(&rng, 7);
+    printf("checkpoint policies: median of %d interleaved runs, f32, cpu backend, allocator %s%s\n",
+           runs, tg_mem_allocator(), quick ? " (quick: not a measurement)" : "");
+    printf("%-12s %-9s %10s %8s %14s %14s\n", "workload", "policy", "fwd+bwd ms", "x none",
+           "saved peak MB", "tensor peak MB");
+    for (int k = 0; k < 3; k++) {
+        workload w;
+        setup(&w, names[k], &rng);
+        size_t saved[NPOL], mem[NPOL];
+        double *g[NPOL];
+        run(&w, NONE, 0, &saved[NONE], &mem[NONE], &g[NONE]);
+        size_t budget = saved[NONE] / 2;
+        for (int p = 1; p < NPOL; p++) run(&w, p, budget, &saved[p], &mem[p], &g[p]);
+        size_t n = 0;
+        for (int i = 0; i < w.nparams; i++) n += (size_t)tg_tensor_numel(w.p[i]);
+        for (int p = 1; p < NPOL; p++)
+            if (memcmp(g[NONE], g[p], n * sizeof(double))) {
+                fprintf(stderr, "bench_policies: %s: %s gradients differ from none's\n", names[k],
+                        pol_names[p]);
+                return 1;
+            }
+        for (int p = 0; p < NPOL; p++) free(g[p]);
+        double t[NPOL][16];
+        for (int r = 0; r < runs; r++)
+            for (int p = 0; p < NPOL; p++) t[p][r] = run(&w, p, budget, NULL, NULL, NULL);
+        double med[NPOL];
+        for (int p = 0; p < NPOL; p++) {
+            qsort(t[p], (size_t)runs, sizeof(double), cmp);
+            med[p] = t[p][runs / 2];
+        }
+        for (int p = 0; p < NPOL; p++)
+            printf("%-12s %-9s %10.3f %8.3f %14.3f %14.3f\n", names[k], pol_names[p], 1e3 * med[p],
+                   med[p] / med[NONE], saved[p] / 1e6, mem[p] / 1e6);
+        teardown(&w);
+    }
+    return 0;
+}

@@ -1,0 +1,190 @@
+/* cli.c - `tapegrad bench` and bench_suite share this front end, so both
+ * take the same arguments and print the same report. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+void bench_cli_usage(FILE *f, const char *prog)
+{
+    fprintf(f,
+            "usage: %s [WORKLOAD...] [--threads N] [--policy P] [--json FILE] [--profile]\n"
+            "       %*s [--quick] [--dot FILE]\n"
+            "workloads (default: all, in this order):\n",
+            prog, (int)strlen(prog), "");
+    for (int i = 0; bench_workloads[i]; i++)
+        fprintf(f, "  %-12s %s\n", bench_workloads[i]->name, bench_workloads[i]->desc);
+    fprintf(f, "options:\n"
+               "  --threads N    threads for OpenBLAS and tapegrad's elementwise pool\n"
+               "                 (tg_set_num_threads); default: as OPENBLAS_NUM_THREADS says\n"
+               "  --policy P     checkpoint policy of every tape: none (default), balanced,\n"
+               "                 budget:BYTES (suffix k, M or G allowed), segments\n"
+               "                 (tg_checkpoint_sequential on mlp and deep, elsewhere the whole\n"
+               "                 forward as one segment)\n"
+               "  --json FILE    write every figure to FILE as JSON\n"
+               "  --profile      print the profiler's table per workload (op, calls, forward\n"
+               "                 and backward ms, saved bytes, recomputes)\n"
+               "  --quick        5 samples after 1 warm-up instead of 20 after 3 (a smoke run)\n"
+               "  --dot FILE     write the mlp workload's tape (one forward) as Graphviz DOT\n"
+               "times are ms per iteration (median, min, max over the samples); every result\n"
+               "is checked against a plain-C reference before it is timed\n");
+}
+
+/* BYTES with an optional k/M/G (powers of 1024) suffix. */
+static bool parse_bytes(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || errno || *s == '-') return false;
+    unsigned long long mul = 1;
+    if (*end == 'k' || *end == 'K') mul = 1ull << 10;
+    if (*end == 'm' || *end == 'M') mul = 1ull << 20;
+    if (*end == 'g' || *end == 'G') mul = 1ull << 30;
+    if (mul > 1) end++;
+    if (*end || v > SIZE_MAX / mul) return false;
+    *out = (size_t)(v * mul);
+    return true;
+}
+
+static bool parse_policy(const char *s, bench_suite_opts *o)
+{
+    if (strcmp(s, "none") == 0) {
+        o->policy = BENCH_POLICY_NONE;
+    } else if (strcmp(s, "balanced") == 0) {
+        o->policy = BENCH_POLICY_BALANCED;
+    } else if (strcmp(s, "segments") == 0) {
+        o->policy = BENCH_POLICY_SEGMENTS;
+    } else if (strncmp(s, "budget:", 7) == 0 && parse_bytes(s + 7, &o->budget_bytes)) {
+        o->policy = BENCH_POLICY_BUDGET;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+/* The value of option argv[*i] ("--opt VALUE" or "--opt=VALUE"), or NULL
+ * when argv[*i] is not that option. *missing is set when it is but has
+ * no value. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name, bool *missing)
+{
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0) return NULL;
+    if (a[n] == '=') return a + n + 1;
+    if (a[n] != '\0') return NULL;
+    if (*i + 1 >= argc) {
+        *missing = true;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int bench_cli(const char *prog, int argc, char **argv)
+{
+    bench_suite_opts o = {0};
+    const char *json = NULL;
+    const bench_workload *sel[16];
+    int nsel = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        bool missing = false;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            bench_cli_usage(stdout, prog);
+            return 0;
+        } else if (strcmp(a, "--quick") == 0) {
+            o.quick = true;
+        } else if (strcmp(a, "--profile") == 0) {
+            o.profile = true;
+        } else if ((v = opt_value(argc, argv, &i, "--json", &missing))) {
+            json = v;
+        } else if ((v = opt_value(argc, argv, &i, "--dot", &missing))) {
+            o.dot_path = v;
+        } else if ((v = opt_value(argc, argv, &i, "--threads", &missing))) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 1 || n > 64) {
+                fprintf(stderr, "%s: --threads needs an integer in [1, 64], got '%s'\n", prog, v);
+                return 2;
+            }
+            o.threads = (int)n;
+        } else if ((v = opt_value(argc, argv, &i, "--policy", &missing))) {
+            if (!parse_policy(v, &o)) {
+                fprintf(stderr,
+                        "%s: --policy needs none, balanced, budget:BYTES or segments, "
+                        "got '%s'\n",
+                        prog, v);
+                return 2;
+            }
+        } else if (missing) {
+            fprintf(stderr, "%s: %s needs a value\n", prog, a);
+            return 2;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "%s: unknown option '%s'\n\n", prog, a);
+            bench_cli_usage(stderr, prog);
+            return 2;
+        } else {
+            const bench_workload *w = bench_workload_find(a);
+            if (!w) {
+                fprintf(stderr, "%s: unknown workload '%s'\n\n", prog, a);
+                bench_cli_usage(stderr, prog);
+                return 2;
+            }
+            bool dup = false;
+            for (int k = 0; k < nsel; k++)
+                dup |= sel[k] == w;
+            if (!dup && nsel < (int)(sizeof sel / sizeof sel[0])) sel[nsel++] = w;
+        }
+    }
+    if (nsel == 0)
+        for (int k = 0; bench_workloads[k]; k++)
+            sel[nsel++] = bench_workloads[k];
+    if (o.threads && tg_set_num_threads(o.threads)) {
+        fprintf(stderr, "%s: --threads %d: %s\n", prog, o.threads, tg_last_error_message());
+        return 1;
+    }
+
+    bench_env env;
+    bench_env_get(&env);
+    bench_print_header(stdout, &env, &o);
+    bench_print_table_head(stdout);
+    fflush(stdout);
+    bench_result *res = calloc((size_t)nsel, sizeof *res);
+    if (!res) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        return 1;
+    }
+    int failed = 0;
+    for (int k = 0; k < nsel; k++) {
+        if (bench_run(sel[k], &o, &res[k])) failed++;
+        bench_print_result(stdout, &res[k]);
+        fflush(stdout);
+    }
+    printf("\n");
+    for (int k = 0; k < nsel; k++)
+        bench_print_notes(stdout, &res[k]);
+    int status = failed ? 1 : 0;
+    if (o.dot_path) {
+        char err[512];
+        if (bench_write_dot(&o, o.dot_path, err, sizeof err)) {
+            fprintf(stderr, "%s: %s\n", prog, err);
+            status = 1;
+        } else {
+            printf("wrote the mlp workload's tape (one forward, policy %s) to %s\n",
+                   bench_policy_name(o.policy), o.dot_path);
+        }
+    }
+    if (json) {
+        if (bench_write_json(json, &env, &o, res, nsel)) {
+            fprintf(stderr, "%s: cannot write %s: %s\n", prog, json, strerror(errno));
+            status = 1;
+        } else {
+            printf("wrote every figure to %s\n", json);
+        }
+    }
+    for (int k = 0; k < nsel; k++)
+        if (!res[k].ok) fprintf(stderr, "%s: %s: %s\n", prog, res[k].wl->name, res[k].error);
+    free(res);
+    return status;
+}

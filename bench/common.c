@@ -1,0 +1,160 @@
+/* common.c - what every benchmark shares: the clock, statistics, the
+ * environment header, raw sgemm and error formatting. */
+#include <cblas.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+double bench_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+bench_stat bench_stat_of(double *v, int n)
+{
+    bench_stat s = {0};
+    if (n <= 0) return s;
+    s.median = bench_median(v, n);
+    s.min = v[0];
+    s.max = v[n - 1];
+    return s;
+}
+
+int bench_fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int bench_lib_fail(char *err, size_t errlen, const char *what)
+{
+    return bench_fail(err, errlen, "%s: %s (%s)", what, tg_last_error_message(),
+                      tg_strerror(tg_last_error()));
+}
+
+void bench_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b,
+                 int ldb, float *c, int ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+                k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+}
+
+float *bench_floats(size_t n, float scale)
+{
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    if (!p) return NULL;
+    for (size_t i = 0; i < n; i++)
+        p[i] = scale * (float)((int)(i % 17) - 8) / 8.0f;
+    return p;
+}
+
+float *bench_copy_f32(tg_tensor *t)
+{
+    size_t n = (size_t)tg_tensor_numel(t) * sizeof(float);
+    float *p = malloc(n ? n : 1);
+    if (p && tg_tensor_copy_out(t, p, n)) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* ---- environment */
+void bench_env_get(bench_env *env)
+{
+    memset(env, 0, sizeof *env);
+    snprintf(env->cpu, sizeof env->cpu, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            if (strncmp(line, "model name", 10) != 0) continue;
+            const char *v = strchr(line, ':');
+            if (!v) continue;
+            v++;
+            while (*v == ' ' || *v == '\t')
+                v++;
+            snprintf(env->cpu, sizeof env->cpu, "%s", v);
+            env->cpu[strcspn(env->cpu, "\n")] = '\0';
+            break;
+        }
+        fclose(f);
+    }
+    env->ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    env->load1 = -1;
+    f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &env->load1) != 1) env->load1 = -1;
+        fclose(f);
+    }
+    env->env_threads = getenv("OPENBLAS_NUM_THREADS");
+    env->env_omp = getenv("OMP_NUM_THREADS");
+    env->env_coretype = getenv("OPENBLAS_CORETYPE");
+#if BENCH_HAVE_OPENBLAS_INFO
+    env->blas_threads = openblas_get_num_threads();
+    env->blas_core = openblas_get_corename();
+    env->blas_config = openblas_get_config();
+#else
+    env->blas_threads = -1;
+#endif
+    if (!env->blas_core) env->blas_core = "unknown";
+    if (!env->blas_config) env->blas_config = "unknown";
+    env->tg_threads = tg_num_threads();
+    env->allocator = tg_mem_allocator();
+    env->version = tg_version();
+}
+
+void bench_print_env(FILE *f, const bench_env *env)
+{
+    fprintf(f, "tapegrad %s, tensor storage via %s\n", env->version, env->allocator);
+    fprintf(f, "cpu       %s, %d online, load average %.2f at start\n", env->cpu, env->ncpu,
+            env->load1);
+    fprintf(f,
+            "threads   OpenBLAS %d, tapegrad elementwise pool %d "
+            "(OPENBLAS_NUM_THREADS=%s, OMP_NUM_THREADS=%s)\n",
+            env->blas_threads, env->tg_threads, env->env_threads ? env->env_threads : "unset",
+            env->env_omp ? env->env_omp : "unset");
+    fprintf(f, "openblas  core %s (OPENBLAS_CORETYPE=%s)\n", env->blas_core,
+            env->env_coretype ? env->env_coretype : "unset");
+    fprintf(f, "          config: %s\n", env->blas_config);
+}
+
+void bench_json_str(FILE *f, const char *s)
+{
+    if (!s) {
+        fputs("null", f);
+        return;
+    }
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""The tapegrad benchmark workloads in PyTorch, side by side with tapegrad.
+
+Runs each workload of `tapegrad bench` (tiny, chain, mlp, elementwise, rnn,
+conv, deep; docs/benchmarks.md) in PyTorch with the same shapes, losses and
+measurement (forward, forward+backward and SGD train step; median, min and
+max of 20 samples after 3 warm-up rounds, variants interleaved, each
+sample enough iterations to last a few ms), then runs
+`tapegrad bench --json` in the same invocation with the same thread count
+and prints both with tapegrad/PyTorch ratios (below 1: tapegrad is faster).
+
+Threads: PyTorch 1.13 needs both its own count (torch.set_num_threads) and
+OpenBLAS's, which is read from the environment when torch is imported, so
+OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS are set to
+--threads before the import (overriding what the caller set), and
+OMP_WAIT_POLICY to PASSIVE unless the caller set it (why: at the import); tapegrad
+gets the same environment and --threads. OPENBLAS_CORETYPE and the like
+pass through unchanged.
+
+Usage: /usr/bin/python3 bench/torch_compare.py [TAPEGRAD] [--threads N]
+           [--quick] [-w WORKLOAD ...] [--json FILE]
+TAPEGRAD is the tapegrad binary (default build/tools/tapegrad). Exits 0
+with a message, doing nothing, where PyTorch is not installed.
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+WORKLOADS = ["tiny", "chain", "mlp", "elementwise", "rnn", "conv", "deep"]
+VARIANTS = ["forward", "fwd_bwd", "train_step"]
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("tapegrad", nargs="?", default="build/tools/tapegrad",
+                    help="the tapegrad binary (default: build/tools/tapegrad)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads for both sides (default 1)")
+    ap.add_argument("--quick", action="store_true",
+                    help="5 samples after 1 warm-up: a smoke run, not a measurement")
+    ap.add_argument("-w", "--workload", action="append", choices=WORKLOADS,
+                    help="run only this workload (repeatable; default: all)")
+    ap.add_argument("--json", metavar="FILE",
+                    help="write both sides' figures and the ratios to FILE")
+    ap.add_argument("--show-tapegrad", action="store_true",
+                    help="also print tapegrad's own report")
+    a = ap.parse_args()
+    if a.threads < 1:
+        ap.error("--threads must be >= 1")
+    return a
+
+
+ARGS = parse_args()
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(ARGS.threads)
+# Debian's PyTorch runs its own kernels on OpenMP (libgomp) and its GEMMs on
+# the pthreads OpenBLAS: with more than one thread, OpenMP's workers spin
+# after each parallel region and take the cores from OpenBLAS's threads
+# (deep at 2 threads: 420 ms instead of 190). Passive waiting is PyTorch's
+# best setting here, so it is the default unless the caller chose one.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError as e:  # the whole comparison needs PyTorch
+    print("torch_compare: PyTorch is not available (%s); skipping" % e)
+    sys.exit(0)
+
+
+# ---- workloads: each returns (parameters, loss function)
+def wl_tiny(g):
+    m = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                      nn.Linear(16, 1))
+    x = torch.tensor([[0.5, -1.25]])
+    y = torch.tensor([[0.75]])
+    return list(m.parameters()), lambda: F.mse_loss(m(x), y)
+
+
+def wl_chain(g):
+    x = nn.Parameter(torch.tensor([0.5]))
+
+    def f():
+        t = x
+        for _ in range(100):
+            t = torch.tanh(t)
+        return t  # one element: backward needs no seed
+    return [x], f
+
+
+def wl_mlp(g):
+    m = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                      nn.Linear(512, 10))
+    x = torch.rand(128, 784, generator=g)
+    y = torch.randint(0, 10, (128,), generator=g)
+    return list(m.parameters()), lambda: F.cross_entropy(m(x), y)
+
+
+def wl_elementwise(g):
+    x = nn.Parameter(torch.rand(1 << 20, generator=g) * 4 - 2)
+    return [x], lambda: (torch.tanh(x * x + 1) * torch.sigmoid(x)).sum()
+
+
+def wl_rnn(g):
+    V, H, T, B = 64, 128, 64, 32
+    cell = nn.RNNCell(V, H)
+    out = nn.Linear(H, V)
+    tok = torch.randint(0, V, (T + 1, B), generator=g)
+    xs = F.one_hot(tok[:T], V).float()  # (T, B, V)
+    h0 = torch.zeros(B, H)
+
+    def f():
+        h, loss = h0, None
+        for t in range(T):
+            h = cell(xs[t], h)
+            l = F.cross_entropy(out(h), tok[t + 1])
+            loss = l if loss is None else loss + l
+        return loss / T
+    return list(cell.parameters()) + list(out.parameters()), f
+
+
+def wl_conv(g):
+    conv = nn.Conv2d(1, 16, 3)
+    fc = nn.Linear(16 * 26 * 26, 10)
+    x = torch.rand(64, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (64,), generator=g)
+
+    def f():
+        h = F.relu(conv(x)).reshape(64, -1)
+        return F.cross_entropy(fc(h), y)
+    return list(conv.parameters()) + list(fc.parameters()), f
+
+
+def wl_deep(g):
+    layers = []
+    for _ in range(16):
+        lin = nn.Linear(1024, 1024)
+        nn.init.kaiming_normal_(lin.weight, mode="fan_in", nonlinearity="relu")
+        nn.init.zeros_(lin.bias)
+        layers += [lin, nn.ReLU()]
+    m = nn.Sequential(*layers)
+    x = torch.randn(256, 1024, generator=g)
+    return list(m.parameters()), lambda: m(x).mean()
+
+
+BUILDERS = {"tiny": wl_tiny, "chain": wl_chain, "mlp": wl_mlp,
+            "elementwise": wl_elementwise, "rnn": wl_rnn, "conv": wl_conv,
+            "deep": wl_deep}
+
+
+# ---- measurement, as bench/suite.c does it
+def stat(v):
+    v = sorted(v)
+    n = len(v)
+    med = v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
+    return {"median": med, "min": v[0], "max": v[-1]}
+
+
+def run_torch(name, quick):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    params, f = BUILDERS[name](g)
+    opt = torch.optim.SGD(params, lr=1e-3)
+
+    def fwd():
+        loss = f()
+        return loss
+
+    def fwd_bwd():
+        opt.zero_grad(set_to_none=True)  # as tapegrad's tg_grad_zero per leaf
+        loss = f()
+        loss.backward()
+
+    def train():
+        opt.zero_grad()  # 1.13's default zeroes in place, as tg_optim_zero_grad
+        loss = f()
+        loss.backward()
+        opt.step()
+
+    # check: finite loss and gradient norm, identical over two runs
+    norms = []
+    for _ in range(2):
+        fwd_bwd()
+        norms.append(math.sqrt(sum(float((p.grad.double() ** 2).sum())
+                                   for p in params if p.grad is not None)))
+    loss = float(f())
+    if not (math.isfinite(loss) and math.isfinite(norms[0])):
+        raise RuntimeError("%s: loss %g, gradient norm %g" % (name, loss, norms[0]))
+    fns = [fwd, fwd_bwd, train]
+    runs, warm = (5, 1) if quick else (20, 3)
+    target = 1e-3 if quick else 4e-3
+    t0 = time.perf_counter()
+    fwd_bwd()
+    one = time.perf_counter() - t0
+    reps = 1
+    if one < target:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fwd_bwd()
+        reps = math.ceil(target / max((time.perf_counter() - t0) / 3, 1e-9))
+    times = [[] for _ in fns]
+    for r in range(warm + runs):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            dt = (time.perf_counter() - t0) * 1e3 / reps
+            if r >= warm:
+                times[k].append(dt)
+    res = {v: stat(t) for v, t in zip(VARIANTS, times)}
+    res.update({"runs": runs, "warmup": warm, "iterations_per_sample": reps,
+                "loss": loss, "grad_norm": norms[0], "repeatable": norms[0] == norms[1]})
+    return res
+
+
+def run_tapegrad(names, quick, threads):
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="tapegrad-bench-")
+    os.close(fd)
+    cmd = [ARGS.tapegrad, "bench"] + names + ["--threads", str(threads), "--json", path]
+    if quick:
+        cmd.append("--quick")
+    try:
+        p = subprocess.run(cmd, env=os.environ.copy(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, universal_newlines=True)
+        if ARGS.show_tapegrad or p.returncode:
+            sys.stdout.write(p.stdout)
+        if p.returncode:
+            raise RuntimeError("%s exited with %d" % (" ".join(cmd), p.returncode))
+        with open(path) as fh:
+            return json.load(fh), " ".join(cmd)
+    finally:
+        os.unlink(path)
+
+
+def main():
+    names = ARGS.workload or WORKLOADS
+    names = [n for n in WORKLOADS if n in names]
+    if not os.access(ARGS.tapegrad, os.X_OK):
+        print("torch_compare: no tapegrad binary at %s (build first, or pass its path)"
+              % ARGS.tapegrad, file=sys.stderr)
+        return 2
+    torch.set_num_threads(ARGS.threads)
+    print("PyTorch %s, torch threads %d, OMP/OPENBLAS/MKL_NUM_THREADS=%d, OMP_WAIT_POLICY=%s, "
+          "OPENBLAS_CORETYPE=%s" % (torch.__version__, torch.get_num_threads(), ARGS.threads,
+                                    os.environ["OMP_WAIT_POLICY"],
+                                    os.environ.get("OPENBLAS_CORETYPE", "unset")))
+    try:
+        with open("/proc/loadavg") as fh:
+            print("load average at start: %s" % fh.read().split()[0])
+    except OSError:
+        pass
+    if ARGS.quick:
+        print("QUICK RUN: 5 samples after 1 warm-up; a smoke run, not a measurement")
+    sys.stdout.flush()
+    pt = {}
+    for n in names:
+        pt[n] = run_torch(n, ARGS.quick)
+    tg, cmd = run_tapegrad(names, ARGS.quick, ARGS.threads)
+    print("tapegrad: %s (%s, OpenBLAS core %s, %d threads)" % (
+        cmd, tg["cpu"], tg["openblas_core"], tg["openblas_threads"]))
+    tgw = {w["name"]: w for w in tg["workloads"]}
+
+    print("\nms per iteration (medians; min-max in the JSON); ratio = tapegrad / PyTorch, "
+          "below 1 tapegrad is faster")
+    head = "%-12s" % "workload"
+    for v in ("forward", "fwd+bwd", "train"):
+        head += " | %9s %9s %6s" % ("tg " + v, "torch", "ratio")
+    print(head)
+    out = {"threads": ARGS.threads, "quick": ARGS.quick, "torch_version": torch.__version__,
+           "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+           "tapegrad_command": cmd, "tapegrad": tg, "torch": pt, "ratios": {}}
+    for n in names:
+        w = tgw.get(n)
+        line = "%-12s" % n
+        if not w or not w.get("ok"):
+            print(line + " | tapegrad failed: %s" % (w or {}).get("error", "missing"))
+            continue
+        ratios = {}
+        for v in VARIANTS:
+            a, b = w[v]["median"], pt[n][v]["median"]
+            ratios[v] = a / b
+            line += " | %9.4g %9.4g %6.3f" % (a, b, a / b)
+        out["ratios"][n] = ratios
+        print(line)
+    if ARGS.json:
+        with open(ARGS.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+        print("wrote %s" % ARGS.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,491 @@
+/* wl_small.c - the workloads whose time is not GEMM: tiny and chain (the
+ * tape's own cost per op), elementwise (memory-bound kernels over 1M
+ * floats) and rnn (many small ops in a loop). Each has a plain-C
+ * reference of its loss, and chain and elementwise of their gradient. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+
+/* Mean softmax cross-entropy of logits z (n, c) against labels y. */
+static double ce_mean(const float *z, const int64_t *y, int n, int c)
+{
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        const float *r = z + (size_t)i * c;
+        double mx = r[0], s = 0;
+        for (int j = 1; j < c; j++)
+            mx = fmax(mx, r[j]);
+        for (int j = 0; j < c; j++)
+            s += exp(r[j] - mx);
+        total -= r[y[i]] - mx - log(s);
+    }
+    return total / n;
+}
+
+/* A new parameter set plus the generator every workload seeds alike. */
+static tg_params *new_params(tg_rng *rng, uint64_t seed)
+{
+    tg_rng_seed(rng, seed);
+    return tg_params_new();
+}
+
+static void *setup_failed(char *err, size_t errlen, const char *what)
+{
+    if (tg_last_error())
+        bench_lib_fail(err, errlen, what);
+    else
+        bench_fail(err, errlen, "%s: out of memory", what);
+    return NULL;
+}
+
+/* ---- tiny: MLP 2-16-16-1, tanh, batch 1, MSE */
+typedef struct {
+    tg_params *ps;
+    tg_linear *l[3];
+    tg_tensor *x, *y; /* (1, 2), (1, 1) */
+} tiny_st;
+
+static const int tiny_dims[4] = {2, 16, 16, 1};
+
+static void tiny_teardown(void *p)
+{
+    tiny_st *s = p;
+    if (!s) return;
+    for (int i = 0; i < 3; i++)
+        tg_linear_free(s->l[i]);
+    tg_params_free(s->ps);
+    tg_tensor_release(s->x);
+    tg_tensor_release(s->y);
+    free(s);
+}
+
+static void *tiny_setup(char *err, size_t errlen)
+{
+    tiny_st *s = calloc(1, sizeof *s);
+    tg_rng rng;
+    if (!s) return setup_failed(err, errlen, "tiny setup");
+    s->ps = new_params(&rng, 1);
+    bool ok = s->ps != NULL;
+    static const char *const names[3] = {"fc1", "fc2", "fc3"};
+    for (int i = 0; i < 3 && ok; i++)
+        ok = (s->l[i] = tg_linear_new(s->ps, names[i], tiny_dims[i], tiny_dims[i + 1], true, TG_F32,
+                                      &rng)) != NULL;
+    if (ok) {
+        const float xv[2] = {0.5f, -1.25f}, yv[1] = {0.75f};
+        s->x = tg_tensor_from_data(TG_F32, 2, SHAPE(1, 2), xv);
+        s->y = tg_tensor_from_data(TG_F32, 2, SHAPE(1, 1), yv);
+        ok = s->x && s->y;
+    }
+    if (!ok) {
+        tiny_teardown(s);
+        return setup_failed(err, errlen, "tiny setup");
+    }
+    return s;
+}
+
+static tg_params *tiny_params(void *p)
+{
+    return ((tiny_st *)p)->ps;
+}
+
+static tg_tensor *tiny_whole(void *p, int layer, tg_tensor *x)
+{
+    tiny_st *s = p;
+    (void)layer;
+    tg_tensor *h = tg_tanh(tg_linear_forward(s->l[0], x));
+    h = tg_tanh(tg_linear_forward(s->l[1], h));
+    return tg_mse_loss(tg_linear_forward(s->l[2], h), s->y);
+}
+
+static tg_tensor *tiny_forward(void *p, tg_tape *tape, bool segments)
+{
+    tiny_st *s = p;
+    return segments ? tg_checkpoint(tape, tiny_whole, s, s->x) : tiny_whole(s, 0, s->x);
+}
+
+static int tiny_reference(void *p, double *loss, char *err, size_t errlen)
+{
+    tiny_st *s = p;
+    float h[2][16], in[2] = {0.5f, -1.25f};
+    const float *a = in;
+    float w[16 * 16], b[16];
+    double out = 0;
+    for (int l = 0; l < 3; l++) {
+        int ni = tiny_dims[l], no = tiny_dims[l + 1];
+        if (tg_tensor_copy_out(tg_linear_weight(s->l[l]), w, sizeof w) ||
+            tg_tensor_copy_out(tg_linear_bias(s->l[l]), b, sizeof b))
+            return bench_lib_fail(err, errlen, "tiny reference");
+        for (int o = 0; o < no; o++) {
+            double z = b[o];
+            for (int i = 0; i < ni; i++)
+                z += (double)a[i] * w[o * ni + i];
+            if (l < 2)
+                h[l][o] = tanhf((float)z);
+            else
+                out = z;
+        }
+        a = h[l < 2 ? l : 1];
+    }
+    *loss = (out - 0.75) * (out - 0.75);
+    return 0;
+}
+
+const bench_workload bench_wl_tiny = {
+    .name = "tiny",
+    .desc = "MLP 2-16-16-1, tanh, batch 1, MSE",
+    .check_tol = 1e-4,
+    .setup = tiny_setup,
+    .params = tiny_params,
+    .forward = tiny_forward,
+    .reference = tiny_reference,
+    .teardown = tiny_teardown,
+};
+
+/* ---- chain: 100 tanh on a 1-element tensor */
+#define CHAIN_N 100
+
+typedef struct {
+    tg_params *ps;
+    tg_tensor *x; /* (1), the parameter */
+} chain_st;
+
+static void chain_teardown(void *p)
+{
+    chain_st *s = p;
+    if (!s) return;
+    tg_params_free(s->ps);
+    free(s);
+}
+
+static void *chain_setup(char *err, size_t errlen)
+{
+    chain_st *s = calloc(1, sizeof *s);
+    if (!s) return setup_failed(err, errlen, "chain setup");
+    s->ps = tg_params_new();
+    s->x = s->ps ? tg_params_add(s->ps, "x", TG_F32, 1, SHAPE(1)) : NULL;
+    if (!s->x || tg_init_constant(s->x, 0.5)) {
+        chain_teardown(s);
+        return setup_failed(err, errlen, "chain setup");
+    }
+    return s;
+}
+
+static tg_params *chain_params(void *p)
+{
+    return ((chain_st *)p)->ps;
+}
+
+static tg_tensor *chain_whole(void *p, int layer, tg_tensor *x)
+{
+    (void)p;
+    (void)layer;
+    for (int i = 0; i < CHAIN_N; i++)
+        x = tg_tanh(x);
+    return x;
+}
+
+static tg_tensor *chain_forward(void *p, tg_tape *tape, bool segments)
+{
+    chain_st *s = p;
+    return segments ? tg_checkpoint(tape, chain_whole, s, s->x) : chain_whole(s, 0, s->x);
+}
+
+/* The chain and its derivative in plain C, from the parameter's value. */
+static int chain_plain(chain_st *s, float *y, float *g)
+{
+    float ys[CHAIN_N], v;
+    if (tg_tensor_copy_out(s->x, &v, sizeof v)) return -1;
+    for (int i = 0; i < CHAIN_N; i++)
+        ys[i] = v = tanhf(v);
+    float d = 1.0f;
+    for (int i = CHAIN_N - 1; i >= 0; i--)
+        d *= 1.0f - ys[i] * ys[i];
+    *y = v;
+    *g = d;
+    return 0;
+}
+
+static int chain_reference(void *p, double *loss, char *err, size_t errlen)
+{
+    float y, g;
+    if (chain_plain(p, &y, &g)) return bench_lib_fail(err, errlen, "chain reference");
+    *loss = y;
+    return 0;
+}
+
+static int chain_check_grad(void *p, double *rel, char *err, size_t errlen)
+{
+    chain_st *s = p;
+    float y, g;
+    double gt;
+    tg_tensor *gx = tg_grad(s->x);
+    if (chain_plain(s, &y, &g) || !gx || tg_tensor_item(gx, &gt))
+        return bench_lib_fail(err, errlen, "chain gradient");
+    *rel = fabs(gt - g) / fmax(fabs((double)g), 1e-30);
+    if (!(*rel <= 1e-3))
+        return bench_fail(err, errlen, "chain gradient %.9g disagrees with plain C %.9g", gt,
+                          (double)g);
+    return 0;
+}
+
+const bench_workload bench_wl_chain = {
+    .name = "chain",
+    .desc = "100 x tanh on a 1-element tensor",
+    .check_tol = 1e-5,
+    .setup = chain_setup,
+    .params = chain_params,
+    .forward = chain_forward,
+    .reference = chain_reference,
+    .check_grad = chain_check_grad,
+    .teardown = chain_teardown,
+};
+
+/* ---- elementwise: sum(tanh(x*x + 1) * sigmoid(x)), x 1M f32 */
+#define ELEM_N (1 << 20)
+
+typedef struct {
+    tg_params *ps;
+    tg_tensor *x; /* (1M), the parameter */
+} elem_st;
+
+static void *elem_setup(char *err, size_t errlen)
+{
+    elem_st *s = calloc(1, sizeof *s);
+    tg_rng rng;
+    if (!s) return setup_failed(err, errlen, "elementwise setup");
+    s->ps = new_params(&rng, 3);
+    s->x = s->ps ? tg_params_add(s->ps, "x", TG_F32, 1, SHAPE(ELEM_N)) : NULL;
+    if (!s->x || tg_init_uniform(s->x, &rng, -2, 2)) {
+        tg_params_free(s->ps);
+        free(s);
+        return setup_failed(err, errlen, "elementwise setup");
+    }
+    return s;
+}
+
+static void elem_teardown(void *p)
+{
+    elem_st *s = p;
+    if (!s) return;
+    tg_params_free(s->ps);
+    free(s);
+}
+
+static tg_params *elem_params(void *p)
+{
+    return ((elem_st *)p)->ps;
+}
+
+static tg_tensor *elem_whole(void *p, int layer, tg_tensor *x)
+{
+    (void)p;
+    (void)layer;
+    return tg_sum(tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0)), tg_sigmoid(x)));
+}
+
+static tg_tensor *elem_forward(void *p, tg_tape *tape, bool segments)
+{
+    elem_st *s = p;
+    return segments ? tg_checkpoint(tape, elem_whole, s, s->x) : elem_whole(s, 0, s->x);
+}
+
+static int elem_reference(void *p, double *loss, char *err, size_t errlen)
+{
+    elem_st *s = p;
+    const float *x = tg_tensor_data(s->x);
+    if (!x) return bench_lib_fail(err, errlen, "elementwise reference");
+    double total = 0;
+    for (int i = 0; i < ELEM_N; i++) {
+        double v = x[i];
+        total += tanh(v * v + 1) / (1 + exp(-v));
+    }
+    *loss = total;
+    return 0;
+}
+
+/* d/dx tanh(x^2+1) sig(x) = (1 - t^2) 2x sig + t sig (1 - sig). */
+static int elem_check_grad(void *p, double *rel, char *err, size_t errlen)
+{
+    elem_st *s = p;
+    const float *x = tg_tensor_data(s->x);
+    tg_tensor *gt = tg_grad(s->x);
+    const float *g = gt ? tg_tensor_data(gt) : NULL;
+    if (!x || !g) return bench_lib_fail(err, errlen, "elementwise gradient");
+    double e = 0, m = 0;
+    int worst = 0;
+    for (int i = 0; i < ELEM_N; i++) {
+        double v = x[i], t = tanh(v * v + 1), sg = 1 / (1 + exp(-v));
+        double d = (1 - t * t) * 2 * v * sg + t * sg * (1 - sg);
+        if (fabs(g[i] - d) > e) {
+            e = fabs(g[i] - d);
+            worst = i;
+        }
+        m = fmax(m, fabs(d));
+    }
+    *rel = e / fmax(m, 1e-30);
+    if (!(*rel <= 1e-4))
+        return bench_fail(err, errlen,
+                          "elementwise gradient disagrees with plain C: x[%d] = %g, "
+                          "relative error %.3g",
+                          worst, (double)x[worst], *rel);
+    return 0;
+}
+
+const bench_workload bench_wl_elementwise = {
+    .name = "elementwise",
+    .desc = "sum(tanh(x*x + 1) * sigmoid(x)), x 1M f32",
+    .check_tol = 1e-4,
+    .setup = elem_setup,
+    .params = elem_params,
+    .forward = elem_forward,
+    .reference = elem_reference,
+    .check_grad = elem_check_grad,
+    .teardown = elem_teardown,
+};
+
+/* ---- rnn: vanilla tanh RNN cell, one-hot inputs over a vocabulary of 64,
+ * hidden 128, 64 steps, batch 32; a linear read-out to the vocabulary and
+ * cross-entropy against the next token at every step, averaged. */
+#define RNN_V 64
+#define RNN_H 128
+#define RNN_T 64
+#define RNN_B 32
+
+typedef struct {
+    tg_params *ps;
+    tg_rnn_cell *cell;
+    tg_linear *out;
+    tg_tensor *xs[RNN_T]; /* (B, V) one-hot f32 */
+    tg_tensor *ys[RNN_T]; /* (B) i64: the next token */
+    tg_tensor *h0;        /* (B, H) zeros */
+    int64_t tok[RNN_T + 1][RNN_B];
+} rnn_st;
+
+static void rnn_teardown(void *p)
+{
+    rnn_st *s = p;
+    if (!s) return;
+    for (int t = 0; t < RNN_T; t++) {
+        tg_tensor_release(s->xs[t]);
+        tg_tensor_release(s->ys[t]);
+    }
+    tg_tensor_release(s->h0);
+    tg_rnn_cell_free(s->cell);
+    tg_linear_free(s->out);
+    tg_params_free(s->ps);
+    free(s);
+}
+
+static void *rnn_setup(char *err, size_t errlen)
+{
+    rnn_st *s = calloc(1, sizeof *s);
+    tg_rng rng;
+    if (!s) return setup_failed(err, errlen, "rnn setup");
+    s->ps = new_params(&rng, 4);
+    s->cell = s->ps ? tg_rnn_cell_new(s->ps, "rnn", RNN_V, RNN_H, TG_F32, &rng) : NULL;
+    s->out = s->cell ? tg_linear_new(s->ps, "out", RNN_H, RNN_V, true, TG_F32, &rng) : NULL;
+    s->h0 = tg_zeros(TG_F32, 2, SHAPE(RNN_B, RNN_H));
+    bool ok = s->out && s->h0;
+    for (int t = 0; t <= RNN_T; t++)
+        for (int b = 0; b < RNN_B; b++)
+            s->tok[t][b] = (int64_t)(tg_rng_next(&rng) % RNN_V);
+    static float onehot[RNN_B * RNN_V];
+    for (int t = 0; t < RNN_T && ok; t++) {
+        memset(onehot, 0, sizeof onehot);
+        for (int b = 0; b < RNN_B; b++)
+            onehot[b * RNN_V + s->tok[t][b]] = 1.0f;
+        s->xs[t] = tg_tensor_from_data(TG_F32, 2, SHAPE(RNN_B, RNN_V), onehot);
+        s->ys[t] = tg_tensor_from_data(TG_I64, 1, SHAPE(RNN_B), s->tok[t + 1]);
+        ok = s->xs[t] && s->ys[t];
+    }
+    if (!ok) {
+        rnn_teardown(s);
+        return setup_failed(err, errlen, "rnn setup");
+    }
+    return s;
+}
+
+static tg_params *rnn_params(void *p)
+{
+    return ((rnn_st *)p)->ps;
+}
+
+static tg_tensor *rnn_whole(void *p, int layer, tg_tensor *h)
+{
+    rnn_st *s = p;
+    (void)layer;
+    tg_tensor *loss = NULL;
+    for (int t = 0; t < RNN_T; t++) {
+        h = tg_rnn_cell_forward(s->cell, s->xs[t], h);
+        tg_tensor *l = tg_cross_entropy(tg_linear_forward(s->out, h), s->ys[t]);
+        loss = loss ? tg_add(loss, l) : l;
+    }
+    return tg_mul_scalar(loss, 1.0 / RNN_T);
+}
+
+static tg_tensor *rnn_forward(void *p, tg_tape *tape, bool segments)
+{
+    rnn_st *s = p;
+    return segments ? tg_checkpoint(tape, rnn_whole, s, s->h0) : rnn_whole(s, 0, s->h0);
+}
+
+static int rnn_reference(void *p, double *loss, char *err, size_t errlen)
+{
+    rnn_st *s = p;
+    tg_params *ps = s->ps;
+    float *wih = bench_copy_f32(tg_params_find(ps, "rnn.weight_ih"));
+    float *whh = bench_copy_f32(tg_params_find(ps, "rnn.weight_hh"));
+    float *bih = bench_copy_f32(tg_params_find(ps, "rnn.bias_ih"));
+    float *bhh = bench_copy_f32(tg_params_find(ps, "rnn.bias_hh"));
+    float *wo = bench_copy_f32(tg_params_find(ps, "out.weight"));
+    float *bo = bench_copy_f32(tg_params_find(ps, "out.bias"));
+    float *h = calloc(RNN_B * RNN_H, sizeof *h), *pre = malloc(RNN_B * RNN_H * sizeof *pre);
+    float *z = malloc(RNN_B * RNN_V * sizeof *z);
+    int rc = 0;
+    if (!wih || !whh || !bih || !bhh || !wo || !bo || !h || !pre || !z) {
+        rc = bench_lib_fail(err, errlen, "rnn reference");
+        goto out;
+    }
+    double total = 0;
+    for (int t = 0; t < RNN_T; t++) {
+        /* pre = onehot(x) W_ih^T + h W_hh^T: the one-hot product is a column of W_ih. */
+        bench_sgemm(false, true, RNN_B, RNN_H, RNN_H, h, RNN_H, whh, RNN_H, pre, RNN_H);
+        for (int b = 0; b < RNN_B; b++)
+            for (int j = 0; j < RNN_H; j++) {
+                float v = pre[b * RNN_H + j] + wih[j * RNN_V + s->tok[t][b]] + bih[j] + bhh[j];
+                h[b * RNN_H + j] = tanhf(v);
+            }
+        bench_sgemm(false, true, RNN_B, RNN_V, RNN_H, h, RNN_H, wo, RNN_H, z, RNN_V);
+        for (int b = 0; b < RNN_B; b++)
+            for (int j = 0; j < RNN_V; j++)
+                z[b * RNN_V + j] += bo[j];
+        total += ce_mean(z, s->tok[t + 1], RNN_B, RNN_V);
+    }
+    *loss = total / RNN_T;
+out:
+    free(wih);
+    free(whh);
+    free(bih);
+    free(bhh);
+    free(wo);
+    free(bo);
+    free(h);
+    free(pre);
+    free(z);
+    return rc;
+}
+
+const bench_workload bench_wl_rnn = {
+    .name = "rnn",
+    .desc = "tanh RNN cell, one-hot vocab 64, hidden 128, 64 steps, batch 32, CE each step",
+    .check_tol = 1e-4,
+    .setup = rnn_setup,
+    .params = rnn_params,
+    .forward = rnn_forward,
+    .reference = rnn_reference,
+    .teardown = rnn_teardown,
+};
