@@ -77,31 +77,10 @@ static tg_tensor *min_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return y;
 }
 
-static tg_status min_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
-{
-    const tg_spec *x = tg_op_ctx_input_spec(ctx, 0);
-    tg_op_attrs a = {.nints = x->ndim, .target = tg__ext_dim(ctx->attrs, x->ndim)};
-    memcpy(a.ints, x->shape, sizeof a.ints);
-    gin[0] = tg__call2(&tg__op_max_dim_backward, tg_op_ctx_saved(ctx, 0), g, &a);
-    return gin[0] ? TG_OK : tg_last_error();
-}
-
-static int min_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
-{
-    static const int64_t s2[2] = {4, 5}, s3[3] = {2, 3, 4};
-    switch (k) {
-    case 0: a->ints[0] = 1; in[0] = tg__sample_distinct(rng, 2, s2); break;
-    case 1: a->ints[0] = 0; a->flag = 1; in[0] = tg__sample_distinct(rng, 2, s2); break;
-    case 2: a->ints[0] = -2; in[0] = tg__sample_distinct(rng, 3, s3); break;
-    default: return 0;
-    }
-    a->nints = 1;
-    return in[0] ? 1 : -1;
-}
-
 const tg_op tg__op_min_dim = {
     .name = "min_dim", .doc = "y = min of x along dim", .arity = 1, .shape = min_shape,
-    .forward = min_fwd, .backward = min_bwd, .cost = TG_COST_MEMORY_BOUND, .sample = min_sample,
+    .forward = min_fwd, .backward = tg__dim_select_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .sample = tg__dim_select_sample,
 };
 
 /* ---- logsumexp: y = m + log sum_i e^(x_i - m), m = max_i x_i. An empty

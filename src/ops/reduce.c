@@ -212,7 +212,7 @@ const tg_op tg__op_max_dim_backward = {
     .shape = max_bwd_shape, .forward = max_bwd_fwd, .cost = TG_COST_MEMORY_BOUND,
 };
 
-static tg_status max_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+tg_status tg__dim_select_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     const tg_spec *x = tg_op_ctx_input_spec(ctx, 0);
     tg_op_attrs a = {.nints = x->ndim};
@@ -222,7 +222,7 @@ static tg_status max_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     return gin[0] ? TG_OK : tg_last_error();
 }
 
-static int max_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+int tg__dim_select_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 {
     static const int64_t s2[2] = {4, 5}, s3[3] = {2, 3, 4};
     switch (k) {
@@ -237,7 +237,8 @@ static int max_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 
 const tg_op tg__op_max_dim = {
     .name = "max_dim", .doc = "y = max of x along dim", .arity = 1, .shape = max_shape,
-    .forward = max_fwd, .backward = max_bwd, .cost = TG_COST_MEMORY_BOUND, .sample = max_sample,
+    .forward = max_fwd, .backward = tg__dim_select_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .sample = tg__dim_select_sample,
 };
 
 static tg_status argmax_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,

@@ -14,6 +14,12 @@ TG_INTERNAL tg_tensor *tg__sample_distinct(tg_rng *rng, int ndim, const int64_t 
 TG_INTERNAL tg_tensor *tg__sample_away_from_zero(tg_rng *rng, int ndim, const int64_t *shape,
                                                  double lo, double hi);
 
+/* Shared by max_dim and min_dim (src/ops/reduce.c): the backward that
+ * scatters the gradient to the saved indices (extra slot 0; attrs.ints[0]
+ * the dim), and their gradcheck cases (distinct values, no ties). */
+TG_INTERNAL tg_status tg__dim_select_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin);
+TG_INTERNAL int tg__dim_select_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a);
+
 #define TG_SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
 #endif
