@@ -52,6 +52,14 @@ static bool uniform(tg_tensor *t, tg_rng *rng, double k)
     return tg_init_uniform(t, rng, -k, k) == TG_OK;
 }
 
+/* A zeroed layer object, or NULL with TG_ERR_NOMEM. */
+static void *layer_alloc(size_t size)
+{
+    void *p = calloc(1, size);
+    if (!p) tg_error_set(TG_ERR_NOMEM, "out of memory for a layer");
+    return p;
+}
+
 /* x W^T: the transpose is a strided view, passed to GEMM as a flag. */
 static tg_tensor *linear_map(tg_tensor *x, tg_tensor *w, tg_tensor *b)
 {
@@ -68,11 +76,8 @@ tg_linear *tg_linear_new(tg_params *ps, const char *name, int64_t in, int64_t ou
                          tg_dtype dtype, tg_rng *rng)
 {
     if (!positive("in features", in) || !positive("out features", out)) return NULL;
-    tg_linear *l = calloc(1, sizeof *l);
-    if (!l) {
-        tg_error_set(TG_ERR_NOMEM, "out of memory for a layer");
-        return NULL;
-    }
+    tg_linear *l = layer_alloc(sizeof *l);
+    if (!l) return NULL;
     double k = 1.0 / sqrt((double)in);
     l->w = add(ps, name, "weight", dtype, 2, (int64_t[]){out, in}, false);
     bool ok = uniform(l->w, rng, k);
@@ -134,11 +139,8 @@ tg_conv2d_layer *tg_conv2d_layer_new(tg_params *ps, const char *name, int64_t in
                      (long long)out);
         return NULL;
     }
-    tg_conv2d_layer *l = calloc(1, sizeof *l);
-    if (!l) {
-        tg_error_set(TG_ERR_NOMEM, "out of memory for a layer");
-        return NULL;
-    }
+    tg_conv2d_layer *l = layer_alloc(sizeof *l);
+    if (!l) return NULL;
     l->opts = o;
     double k = 1.0 / sqrt((double)(in / groups * kh * kw));
     l->w = add(ps, name, "weight", dtype, 4, (int64_t[]){out, in / groups, kh, kw}, false);
@@ -187,11 +189,8 @@ tg_layer_norm_layer *tg_layer_norm_layer_new(tg_params *ps, const char *name, in
         tg_error_set(TG_ERR_INVALID, "bad argument #3 to 'layer_norm_layer_new' (%d dims)", ndims);
         return NULL;
     }
-    tg_layer_norm_layer *l = calloc(1, sizeof *l);
-    if (!l) {
-        tg_error_set(TG_ERR_NOMEM, "out of memory for a layer");
-        return NULL;
-    }
+    tg_layer_norm_layer *l = layer_alloc(sizeof *l);
+    if (!l) return NULL;
     l->ndims = ndims;
     l->eps = eps;
     l->w = add(ps, name, "weight", dtype, ndims, shape, false);
@@ -227,11 +226,8 @@ tg_batch_norm_layer *tg_batch_norm_layer_new(tg_params *ps, const char *name, in
                                              double momentum, double eps, tg_dtype dtype)
 {
     if (!positive("channels", channels)) return NULL;
-    tg_batch_norm_layer *l = calloc(1, sizeof *l);
-    if (!l) {
-        tg_error_set(TG_ERR_NOMEM, "out of memory for a layer");
-        return NULL;
-    }
+    tg_batch_norm_layer *l = layer_alloc(sizeof *l);
+    if (!l) return NULL;
     l->momentum = momentum;
     l->eps = eps;
     l->w = add(ps, name, "weight", dtype, 1, &channels, false);
@@ -272,11 +268,8 @@ tg_embedding_layer *tg_embedding_layer_new(tg_params *ps, const char *name, int6
         tg_error_set(TG_ERR_NULL, "bad argument to 'embedding_layer_new' (NULL generator)");
         return NULL;
     }
-    tg_embedding_layer *l = calloc(1, sizeof *l);
-    if (!l) {
-        tg_error_set(TG_ERR_NOMEM, "out of memory for a layer");
-        return NULL;
-    }
+    tg_embedding_layer *l = layer_alloc(sizeof *l);
+    if (!l) return NULL;
     l->w = add(ps, name, "weight", dtype, 2, (int64_t[]){count, dim}, false);
     if (!l->w || tg_init_normal(l->w, rng, 0.0, 1.0)) {
         free(l);
@@ -334,11 +327,8 @@ struct tg_rnn_cell {
 tg_rnn_cell *tg_rnn_cell_new(tg_params *ps, const char *name, int64_t in, int64_t hidden,
                              tg_dtype dtype, tg_rng *rng)
 {
-    tg_rnn_cell *c = calloc(1, sizeof *c);
-    if (!c) {
-        tg_error_set(TG_ERR_NOMEM, "out of memory for a layer");
-        return NULL;
-    }
+    tg_rnn_cell *c = layer_alloc(sizeof *c);
+    if (!c) return NULL;
     if (!cell_init(&c->p, ps, name, in, hidden, 1, dtype, rng)) {
         free(c);
         return NULL;
@@ -368,11 +358,8 @@ struct tg_lstm_cell {
 tg_lstm_cell *tg_lstm_cell_new(tg_params *ps, const char *name, int64_t in, int64_t hidden,
                                tg_dtype dtype, tg_rng *rng)
 {
-    tg_lstm_cell *c = calloc(1, sizeof *c);
-    if (!c) {
-        tg_error_set(TG_ERR_NOMEM, "out of memory for a layer");
-        return NULL;
-    }
+    tg_lstm_cell *c = layer_alloc(sizeof *c);
+    if (!c) return NULL;
     if (!cell_init(&c->p, ps, name, in, hidden, 4, dtype, rng)) {
         free(c);
         return NULL;
