@@ -65,6 +65,7 @@ typedef struct bench_env {
     const char *allocator;    /* tg_mem_allocator() */
     const char *version;      /* tg_version() */
     double load1;             /* 1-minute load average at start, -1 unknown */
+    double busy; /* share of the cpus others kept busy over 0.25 s at start, -1 unknown */
 } bench_env;
 
 /* Fills env (never fails). */

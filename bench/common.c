@@ -81,6 +81,49 @@ float *bench_copy_f32(tg_tensor *t)
 }
 
 /* ---- environment */
+
+/* Jiffies of the aggregate "cpu" line of /proc/stat: busy (everything but
+ * idle and iowait) and total. false if unreadable. */
+static bool cpu_jiffies(unsigned long long *busy, unsigned long long *total)
+{
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    if (!f) return false;
+    int n = fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                   &v[4], &v[5], &v[6], &v[7]);
+    fclose(f);
+    if (n < 4) return false;
+    *total = 0;
+    for (int i = 0; i < 8; i++)
+        *total += v[i];
+    *busy = *total - v[3] - v[4];
+    return true;
+}
+
+static double cpu_seconds(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Share of all cpus that other processes kept busy over a quarter second
+ * while this one sleeps (its own threads, OpenBLAS's spinning workers,
+ * are taken out): -1 if unknown. */
+static double cpu_busy_now(void)
+{
+    unsigned long long b0, t0, b1, t1;
+    double hz = (double)sysconf(_SC_CLK_TCK);
+    double own0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+    if (hz <= 0 || !cpu_jiffies(&b0, &t0)) return -1;
+    struct timespec ts = {0, 250000000};
+    nanosleep(&ts, NULL);
+    double own = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - own0;
+    if (!cpu_jiffies(&b1, &t1) || t1 <= t0) return -1;
+    double busy = ((double)(b1 - b0) - own * hz) / (double)(t1 - t0);
+    return busy < 0 ? 0 : busy;
+}
+
 void bench_env_get(bench_env *env)
 {
     memset(env, 0, sizeof *env);
@@ -108,6 +151,7 @@ void bench_env_get(bench_env *env)
         if (fscanf(f, "%lf", &env->load1) != 1) env->load1 = -1;
         fclose(f);
     }
+    env->busy = cpu_busy_now();
     env->env_threads = getenv("OPENBLAS_NUM_THREADS");
     env->env_omp = getenv("OMP_NUM_THREADS");
     env->env_coretype = getenv("OPENBLAS_CORETYPE");
@@ -128,8 +172,8 @@ void bench_env_get(bench_env *env)
 void bench_print_env(FILE *f, const bench_env *env)
 {
     fprintf(f, "tapegrad %s, tensor storage via %s\n", env->version, env->allocator);
-    fprintf(f, "cpu       %s, %d online, load average %.2f at start\n", env->cpu, env->ncpu,
-            env->load1);
+    fprintf(f, "cpu       %s, %d online; at start: load average %.2f, %.0f%% busy\n", env->cpu,
+            env->ncpu, env->load1, 100 * env->busy);
     fprintf(f,
             "threads   OpenBLAS %d, tapegrad elementwise pool %d "
             "(OPENBLAS_NUM_THREADS=%s, OMP_NUM_THREADS=%s)\n",

@@ -18,9 +18,13 @@ void bench_print_header(FILE *f, const bench_env *env, const bench_suite_opts *o
                    "measurement\n");
     else
         fprintf(f, "samples   20 per figure after 3 warm-up rounds, variants interleaved\n");
-    if (env->load1 >= 0 && env->ncpu > 0 && env->load1 > 0.5 * env->ncpu)
-        fprintf(f, "WARNING: load average %.2f on %d cpus at start: the machine is busy\n",
-                env->load1, env->ncpu);
+    /* The load average lags by a minute (and counts a run just finished),
+     * so the warning goes by what the cpus did while the suite started. */
+    if (env->busy > 0.2)
+        fprintf(f,
+                "WARNING: %.0f%% of the cpus were busy at start (load average %.2f): the "
+                "machine is shared, figures will be noisy\n",
+                100 * env->busy, env->load1);
 }
 
 void bench_print_table_head(FILE *f)
