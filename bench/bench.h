@@ -63,6 +63,7 @@ typedef struct bench_env {
     const char *blas_core;    /* openblas_get_corename(), or "unknown" */
     const char *blas_config;  /* openblas_get_config(), or "unknown" */
     const char *allocator;    /* tg_mem_allocator() */
+    const char *vector_isa;   /* tg_cpu_vector_isa() */
     const char *version;      /* tg_version() */
     double load1;             /* 1-minute load average at start, -1 unknown */
     double busy; /* share of the cpus others kept busy over 0.25 s at start, -1 unknown */

@@ -166,12 +166,14 @@ void bench_env_get(bench_env *env)
     if (!env->blas_config) env->blas_config = "unknown";
     env->tg_threads = tg_num_threads();
     env->allocator = tg_mem_allocator();
+    env->vector_isa = tg_cpu_vector_isa();
     env->version = tg_version();
 }
 
 void bench_print_env(FILE *f, const bench_env *env)
 {
-    fprintf(f, "tapegrad %s, tensor storage via %s\n", env->version, env->allocator);
+    fprintf(f, "tapegrad %s, tensor storage via %s, f32 math kernels %s\n", env->version,
+            env->allocator, env->vector_isa);
     fprintf(f, "cpu       %s, %d online; at start: load average %.2f, %.0f%% busy\n", env->cpu,
             env->ncpu, env->load1, 100 * env->busy);
     fprintf(f,

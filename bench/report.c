@@ -218,6 +218,8 @@ int bench_write_json(const char *path, const bench_env *env, const bench_suite_o
     bench_json_str(f, env->version);
     fprintf(f, ",\n  \"allocator\": ");
     bench_json_str(f, env->allocator);
+    fprintf(f, ",\n  \"vector_isa\": ");
+    bench_json_str(f, env->vector_isa);
     fprintf(f, ",\n  \"cpu\": ");
     bench_json_str(f, env->cpu);
     fprintf(f, ",\n  \"online_cpus\": %d, \"load_average_at_start\": %.2f", env->ncpu, env->load1);

@@ -1191,3 +1191,54 @@ Test(backends, matmul_of_a_transposed_view_copies_nothing_on_cpu)
     tg_set_default_backend(prev);
     expect_no_leaks(mem0);
 }
+
+/* The cpu backend's f32 exp/tanh/sigmoid loops are compiled per vector ISA;
+ * every variant the CPU runs must give baseline's bits exactly (the same
+ * IEEE operations in the same order), on both branches of tanh, the
+ * clamps of exp, and a length whose tail is not a whole vector. */
+Test(backends, every_vector_isa_gives_bitwise_the_same_f32_math)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    enum { N = 4099 };
+    static float x[N];
+    for (int i = 0; i < N; i++) x[i] = -100.0f + 200.0f * (float)i / (float)(N - 1);
+    x[0] = 0.0f, x[1] = -0.0f, x[2] = 0.625f, x[3] = -0.625f, x[4] = 88.5f, x[5] = -88.0f;
+    x[6] = 1e-8f, x[7] = -3.0e-39f;
+    const char *const ops[3] = {"exp", "tanh", "sigmoid"};
+    static float want[3][N], got[N];
+    const char *const isas[3] = {"baseline", "avx2", "avx512"};
+    const char *was = tg_cpu_vector_isa();
+    tg_backend prev = tg_set_default_backend(TG_BACKEND_CPU);
+    int ran = 0;
+    for (int v = 0; v < 3; v++) {
+        tg_status st = tg_cpu_set_vector_isa(isas[v]);
+        if (v == 0) cr_assert_eq(st, TG_OK, "baseline must always be available");
+        if (st == TG_ERR_UNSUPPORTED) continue;
+        cr_assert_eq(st, TG_OK, "%s: %s", isas[v], tg_last_error_message());
+        cr_assert_str_eq(tg_cpu_vector_isa(), isas[v]);
+        ran++;
+        for (int k = 0; k < 3; k++) {
+            tg_tensor *t = tg_tensor_from_data(TG_F32, 1, (int64_t[]){N}, x);
+            tg_tensor *y = k == 0 ? tg_exp(t) : k == 1 ? tg_tanh(t) : tg_sigmoid(t);
+            cr_assert(y, "%s: %s", ops[k], tg_last_error_message());
+            cr_assert_eq(tg_tensor_copy_out(y, v == 0 ? want[k] : got, sizeof got), TG_OK);
+            if (v > 0) {
+                int first = -1;
+                for (int i = 0; i < N && first < 0; i++)
+                    if (memcmp(&got[i], &want[k][i], sizeof got[i])) first = i;
+                cr_expect_eq(first, -1, "%s under %s differs from baseline at x = %.9g: %.9g vs %.9g",
+                             ops[k], isas[v], first >= 0 ? x[first] : 0.0,
+                             first >= 0 ? got[first] : 0.0, first >= 0 ? want[k][first] : 0.0);
+            }
+            tg_tensor_release(y);
+            tg_tensor_release(t);
+        }
+    }
+    cr_log_info("vector ISA variants compared: %d (default %s)", ran, was);
+    cr_expect_eq(tg_cpu_set_vector_isa("sse9"), TG_ERR_INVALID);
+    cr_expect(strstr(tg_last_error_message(), "'sse9'") != NULL, "%s", tg_last_error_message());
+    cr_expect_eq(tg_cpu_set_vector_isa(NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_cpu_set_vector_isa(was), TG_OK);
+    tg_set_default_backend(prev);
+    expect_no_leaks(mem0);
+}

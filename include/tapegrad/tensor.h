@@ -126,5 +126,16 @@ void tg_mem_reset_peak(void);
 void tg_mem_trim(void);
 /* "jemalloc" or "malloc": the allocator tensor storage goes through. */
 const char *tg_mem_allocator(void);
+/* The vector instruction set the cpu backend's f32 exp/tanh/sigmoid loops
+ * run with: "avx512", "avx2" or "baseline" (the compiler's default for the
+ * target), the widest the CPU supports unless the environment variable
+ * TAPEGRAD_VMATH=avx2|baseline (read once, when the kernel table is built)
+ * caps it. Every variant does the same IEEE operations in the same order,
+ * so results are bitwise identical; only the speed differs.
+ * tg_cpu_set_vector_isa switches the variant (to compare them): TG_ERR_INVALID
+ * for a name not in the list, TG_ERR_UNSUPPORTED where the CPU lacks it.
+ * Call it while no op is running. */
+const char *tg_cpu_vector_isa(void);
+tg_status tg_cpu_set_vector_isa(const char *isa);
 
 #endif

@@ -215,11 +215,23 @@ static tg_status sub_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     return finish(gin, ctx);
 }
 
+/* g * v. A gradient that is one value broadcast (a sum's backward hands
+ * down a stride-0 view) multiplies as a 0-d tensor, through the kernel's
+ * scalar path, instead of being materialised first: the same products. */
+static tg_tensor *grad_times(tg_tensor *g, tg_tensor *v)
+{
+    bool bcast = g->numel > 1 && tg__same_shape(g->ndim, g->shape, v->ndim, v->shape);
+    for (int d = 0; d < g->ndim && bcast; d++) bcast = g->strides[d] == 0;
+    if (!bcast) return tg_mul(g, v);
+    tg_tensor *s = tg__scope_track(tg__tensor_view(g, 0, NULL, NULL, g->offset));
+    return s ? tg_mul(v, s) : NULL;
+}
+
 static tg_status mul_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     tg_tensor *a = tg_op_ctx_input(ctx, 0), *b = tg_op_ctx_input(ctx, 1);
-    if (tg_op_ctx_needs_grad(ctx, 0)) gin[0] = unbroadcast(tg_mul(g, b), tg_op_ctx_input_spec(ctx, 0));
-    if (tg_op_ctx_needs_grad(ctx, 1)) gin[1] = unbroadcast(tg_mul(g, a), tg_op_ctx_input_spec(ctx, 1));
+    if (tg_op_ctx_needs_grad(ctx, 0)) gin[0] = unbroadcast(grad_times(g, b), tg_op_ctx_input_spec(ctx, 0));
+    if (tg_op_ctx_needs_grad(ctx, 1)) gin[1] = unbroadcast(grad_times(g, a), tg_op_ctx_input_spec(ctx, 1));
     return finish(gin, ctx);
 }
 

@@ -4,7 +4,9 @@
  * reduction and a degree-6 polynomial, tanh by an odd polynomial below
  * 0.625 and 1 - 2 / (e^2|x| + 1) above. Errors stay within a few ulp of
  * libm's, which the ref-vs-cpu tests check (ref keeps libm). */
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/kernels.h"
@@ -15,72 +17,181 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-static inline float exp_core(float x)
+/* The loops are compiled three times: for AVX-512, for AVX2 and for the
+ * baseline ISA, and registration picks the widest the CPU runs. Floating
+ * point contraction is off under -std=c11, so every variant does the same
+ * IEEE operations in the same order: results are bitwise identical across
+ * them, only the vector width differs. */
+#if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
+#define TG_VMATH_MULTI 1
+#endif
+
+/* Branch-free scalar cores; selects are bit blends so every variant
+ * vectorizes (the compiler would not if-convert the ternaries). */
+static inline float bits_f(int32_t b)
 {
-    x = x > 88.37626f ? 88.37626f : x;
-    x = x < -87.33654f ? -87.33654f : x;
-    float fx = x * 1.44269504088896341f + 0.5f;
-    int32_t i = (int32_t)fx;
-    i -= (float)i > fx; /* floor */
-    float n = (float)i;
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    int32_t bits = (i + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return y * scale;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
 }
 
-static inline float tanh_core(float x)
+static inline int32_t f_bits(float f)
 {
-    float a = x < 0 ? -x : x;
-    float z = x * x;
-    float p = -5.70498872745e-3f;
-    p = p * z + 2.06390887954e-2f;
-    p = p * z - 5.37397155531e-2f;
-    p = p * z + 1.33314422036e-1f;
-    p = p * z - 3.33332819422e-1f;
-    float small = p * z * x + x;
-    float e = exp_core(2.0f * a);
-    float big = 1.0f - 2.0f / (e + 1.0f);
-    big = x < 0 ? -big : big;
-    return a < 0.625f ? small : big;
+    int32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
 }
 
-static void exp_f32(int64_t n, const void *xv, void *yv, double p)
+/* m is all ones or all zeros: m ? x : y */
+static inline float blend(int32_t m, float x, float y)
 {
-    const float *x = xv;
-    float *y = yv;
-    (void)p;
-    for (int64_t i = 0; i < n; i++) y[i] = exp_core(x[i]);
+    return bits_f((f_bits(x) & m) | (f_bits(y) & ~m));
 }
 
-static void tanh_f32(int64_t n, const void *xv, void *yv, double p)
+#define VMATH_CORES(SFX)                                                            \
+    static inline float exp_core_##SFX(float x)                                     \
+    {                                                                               \
+        x = blend(-(int32_t)(x > 88.37626f), 88.37626f, x);                         \
+        x = blend(-(int32_t)(x < -87.33654f), -87.33654f, x);                       \
+        float fx = x * 1.44269504088896341f + 0.5f;                                 \
+        int32_t i = (int32_t)fx;                                                    \
+        i -= (int32_t)((float)i > fx); /* floor */                                  \
+        float n = (float)i;                                                         \
+        float r = x - n * 0.693359375f + n * 2.12194440e-4f;                        \
+        float y = 1.9875691500e-4f;                                                 \
+        y = y * r + 1.3981999507e-3f;                                               \
+        y = y * r + 8.3334519073e-3f;                                               \
+        y = y * r + 4.1665795894e-2f;                                               \
+        y = y * r + 1.6666665459e-1f;                                               \
+        y = y * r + 5.0000001201e-1f;                                               \
+        y = y * r * r + r + 1.0f;                                                   \
+        return y * bits_f((i + 127) << 23);                                         \
+    }                                                                               \
+    static inline float tanh_core_##SFX(float x)                                    \
+    {                                                                               \
+        int32_t sign = f_bits(x) & INT32_MIN;                                       \
+        float a = bits_f(f_bits(x) & INT32_MAX);                                    \
+        float z = x * x;                                                            \
+        float p = -5.70498872745e-3f;                                               \
+        p = p * z + 2.06390887954e-2f;                                              \
+        p = p * z - 5.37397155531e-2f;                                              \
+        p = p * z + 1.33314422036e-1f;                                              \
+        p = p * z - 3.33332819422e-1f;                                              \
+        float small = p * z * x + x;                                                \
+        float e = exp_core_##SFX(2.0f * a);                                         \
+        float big = bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                \
+        return blend(-(int32_t)(a < 0.625f), small, big);                           \
+    }
+
+#define VMATH_LOOPS(SFX, ATTR)                                                      \
+    VMATH_CORES(SFX)                                                                \
+    ATTR static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
+    {                                                                               \
+        const float *restrict x = xv;                                               \
+        float *restrict y = yv;                                                     \
+        (void)p;                                                                    \
+        for (int64_t i = 0; i < n; i++) y[i] = exp_core_##SFX(x[i]);                \
+    }                                                                               \
+    ATTR static void tanh_f32_##SFX(int64_t n, const void *xv, void *yv, double p)  \
+    {                                                                               \
+        const float *restrict x = xv;                                               \
+        float *restrict y = yv;                                                     \
+        (void)p;                                                                    \
+        for (int64_t i = 0; i < n; i++) y[i] = tanh_core_##SFX(x[i]);               \
+    }                                                                               \
+    /* 1 / (1 + e^-x); e^-x saturates at e^87 for very negative x, giving ~0. */    \
+    ATTR static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p)\
+    {                                                                               \
+        const float *restrict x = xv;                                               \
+        float *restrict y = yv;                                                     \
+        (void)p;                                                                    \
+        for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + exp_core_##SFX(-x[i]));\
+    }
+
+VMATH_LOOPS(base, )
+#ifdef TG_VMATH_MULTI
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#pragma GCC optimize("no-trapping-math")
+VMATH_LOOPS(avx2, )
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,prefer-vector-width=512")
+#pragma GCC optimize("no-trapping-math")
+VMATH_LOOPS(avx512, )
+#pragma GCC pop_options
+#endif
+
+typedef struct vmath_set {
+    const char *isa;
+    tg_unary_fn exp, tanh, sigmoid;
+} vmath_set;
+
+static const vmath_set sets[] = {
+#ifdef TG_VMATH_MULTI
+    {"avx512", exp_f32_avx512, tanh_f32_avx512, sigmoid_f32_avx512},
+    {"avx2", exp_f32_avx2, tanh_f32_avx2, sigmoid_f32_avx2},
+#endif
+    {"baseline", exp_f32_base, tanh_f32_base, sigmoid_f32_base},
+};
+enum { NSETS = sizeof sets / sizeof sets[0] };
+
+static const char *vmath_isa = "baseline";
+
+static bool cpu_runs(const char *isa)
 {
-    const float *x = xv;
-    float *y = yv;
-    (void)p;
-    for (int64_t i = 0; i < n; i++) y[i] = tanh_core(x[i]);
+#ifdef TG_VMATH_MULTI
+    __builtin_cpu_init();
+    if (!strcmp(isa, "avx512"))
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+    if (!strcmp(isa, "avx2")) return __builtin_cpu_supports("avx2");
+#endif
+    return !strcmp(isa, "baseline");
 }
 
-/* 1 / (1 + e^-x); e^-x saturates at e^87 for very negative x, giving ~0. */
-static void sigmoid_f32(int64_t n, const void *xv, void *yv, double p)
+static void install(const vmath_set *v)
 {
-    const float *x = xv;
-    float *y = yv;
-    (void)p;
-    for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + exp_core(-x[i]));
+    tg__kernel_set(TG_K_EXP, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)v->exp);
+    tg__kernel_set(TG_K_TANH, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)v->tanh);
+    tg__kernel_set(TG_K_SIGMOID, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)v->sigmoid);
+    vmath_isa = v->isa;
 }
 
+const char *tg_cpu_vector_isa(void)
+{
+    tg__backend_init();
+    return vmath_isa;
+}
+
+tg_status tg_cpu_set_vector_isa(const char *isa)
+{
+    if (!isa) return tg__err(TG_ERR_NULL, "bad argument #1 to 'cpu_set_vector_isa' (NULL name)");
+    tg__backend_init();
+    for (int i = 0; i < NSETS; i++) {
+        if (strcmp(sets[i].isa, isa)) continue;
+        if (!cpu_runs(isa))
+            return tg__err(TG_ERR_UNSUPPORTED, "bad argument #1 to 'cpu_set_vector_isa' (this "
+                                               "CPU does not run %s)", isa);
+        install(&sets[i]);
+        return TG_OK;
+    }
+    return tg__err(TG_ERR_INVALID, "bad argument #1 to 'cpu_set_vector_isa' ('%s' is not one of "
+                                   "avx512, avx2, baseline%s)", isa,
+                   NSETS == 1 ? "; this build has only baseline" : "");
+}
+
+/* The widest set the CPU runs, capped by TAPEGRAD_VMATH (benchmarks). */
 void tg__cpu_vmath_register(void)
 {
-    tg__kernel_set(TG_K_EXP, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)exp_f32);
-    tg__kernel_set(TG_K_TANH, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)tanh_f32);
-    tg__kernel_set(TG_K_SIGMOID, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)sigmoid_f32);
+    const char *cap = getenv("TAPEGRAD_VMATH");
+    int first = 0;
+    for (int i = 0; cap && i < NSETS; i++)
+        if (!strcmp(sets[i].isa, cap)) first = i;
+    for (int i = first; i < NSETS; i++) {
+        if (cpu_runs(sets[i].isa)) {
+            install(&sets[i]);
+            return;
+        }
+    }
 }
