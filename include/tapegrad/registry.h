@@ -64,6 +64,13 @@ typedef int (*tg_sample_fn)(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *att
 /* Bits of tg_op.flags. */
 #define TG_OP_STRIDED_INPUTS (1u << 0) /* forward accepts strided views */
 #define TG_OP_MIXED_BACKENDS (1u << 1) /* inputs may live on other backends */
+/* Element k of the output depends only on element k of each input (inputs
+ * of the output's element count, or single elements), and backward's
+ * gradients likewise; forward and backward make no random draws and save
+ * no extra tensors. Under a recomputing policy, backward may then run a
+ * chain of such ops on cache-sized slices (1-d views of contiguous
+ * elements, scalars as 0-d views) instead of whole tensors. */
+#define TG_OP_POINTWISE (1u << 2)
 
 struct tg_op {
     const char *name;

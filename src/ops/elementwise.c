@@ -91,7 +91,7 @@ static int sample_unary(int k, tg_rng *rng, tg_tensor **in, double lo, double hi
     const tg_op tg__op_##lname = {                                                  \
         .name = #lname, .doc = math, .arity = 1, .shape = tg__shape_same_float,     \
         .forward = lname##_fwd, .backward = lname##_bwd, .cost = TG_COST_MEMORY_BOUND, \
-        .saves = saves_, .sample = lname##_sample,                                  \
+        .saves = saves_, .flags = TG_OP_POINTWISE, .sample = lname##_sample,        \
     };
 
 UNARY_OP(exp, TG_K_EXP, "y = e^x", TG_SAVE_OUTPUT, true, -2.0, 2.0, false)
@@ -119,7 +119,7 @@ static int pow_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 const tg_op tg__op_pow_scalar = {
     .name = "pow_scalar", .doc = "y = x^p", .arity = 1, .shape = tg__shape_same_float,
     .forward = pow_fwd, .backward = pow_bwd, .cost = TG_COST_MEMORY_BOUND,
-    .saves = TG_SAVE_INPUT(0), .sample = pow_sample,
+    .saves = TG_SAVE_INPUT(0), .flags = TG_OP_POINTWISE, .sample = pow_sample,
 };
 
 /* neg, add_scalar and mul_scalar need nothing saved. */
@@ -140,7 +140,8 @@ static int plain_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 }
 const tg_op tg__op_neg = {
     .name = "neg", .doc = "y = -x", .arity = 1, .shape = tg__shape_same_float,
-    .forward = neg_fwd, .backward = neg_bwd, .cost = TG_COST_MEMORY_BOUND, .sample = plain_sample,
+    .forward = neg_fwd, .backward = neg_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .flags = TG_OP_POINTWISE, .sample = plain_sample,
 };
 
 static tg_tensor *add_scalar_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
@@ -156,7 +157,7 @@ static tg_status add_scalar_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin
 const tg_op tg__op_add_scalar = {
     .name = "add_scalar", .doc = "y = x + s", .arity = 1, .shape = tg__shape_same_float,
     .forward = add_scalar_fwd, .backward = add_scalar_bwd, .cost = TG_COST_MEMORY_BOUND,
-    .sample = plain_sample,
+    .flags = TG_OP_POINTWISE, .sample = plain_sample,
 };
 
 static tg_tensor *mul_scalar_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
@@ -171,7 +172,7 @@ static tg_status mul_scalar_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin
 const tg_op tg__op_mul_scalar = {
     .name = "mul_scalar", .doc = "y = x * s", .arity = 1, .shape = tg__shape_same_float,
     .forward = mul_scalar_fwd, .backward = mul_scalar_bwd, .cost = TG_COST_MEMORY_BOUND,
-    .sample = plain_sample,
+    .flags = TG_OP_POINTWISE, .sample = plain_sample,
 };
 
 /* ---- binary, broadcasting */
@@ -274,7 +275,7 @@ static int binary_sample(int k, tg_rng *rng, tg_tensor **in, bool b_nonzero)
     const tg_op tg__op_##lname = {                                                  \
         .name = #lname, .doc = math, .arity = 2, .shape = tg__shape_broadcast_float, \
         .forward = lname##_fwd, .backward = lname##_bwd, .cost = TG_COST_MEMORY_BOUND, \
-        .saves = saves_, .sample = lname##_sample,                                  \
+        .saves = saves_, .flags = TG_OP_POINTWISE, .sample = lname##_sample,        \
     };
 
 BINARY_OP(add, TG_K_ADD, "y = a + b", 0, false)

@@ -218,7 +218,8 @@ static int minmax_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
     const tg_op tg__op_##lname = {                                                  \
         .name = #lname, .doc = math, .arity = 2, .shape = tg__shape_broadcast_float, \
         .forward = lname##_fwd, .backward = lname##_bwd, .cost = TG_COST_MEMORY_BOUND, \
-        .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), .sample = minmax_sample,      \
+        .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), .flags = TG_OP_POINTWISE,     \
+        .sample = minmax_sample,                                                    \
     };
 
 MINMAX_OP(minimum, TG_K_MINIMUM, false, "y = min(a, b) (broadcasting; NaN propagates)")

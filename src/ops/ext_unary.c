@@ -179,7 +179,7 @@ static int grad_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a, const
     const tg_op tg__op_##lname = {                                                  \
         .name = #lname, .doc = math, .arity = 1, .shape = tg__shape_same_float,     \
         .forward = lname##_fwd, .backward = lname##_bwd, .cost = TG_COST_MEMORY_BOUND, \
-        .saves = TG_SAVE_INPUT(0), .sample = lname##_sample,                        \
+        .saves = TG_SAVE_INPUT(0), .flags = TG_OP_POINTWISE, .sample = lname##_sample, \
     };
 
 MAP_OP(abs, TG_K_ABS, TG_K_ABS_GRAD, false, NULL, "y = |x|", "gx = gy * sign(x)",

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tape/tape_internal.h"
+#include "tape/sweep.h"
 
 /* Kernel-free accumulation: dst += src through the public add op (the tape
  * knows no kernel). In place when dst is exclusively ours. */
@@ -36,40 +36,34 @@ static void opname_err(const tg_node *n, const char *what, int i)
     (void)b;
 }
 
-/* State of one backward: gradient slots and, for recompute nodes, the
- * values rematerialised so far (each once, freed when the sweep passes
- * the node that produced it: every consumer comes later in the record, so
- * it has been processed by then). */
-typedef struct sweep_state {
-    tg_tape *tape;
-    tg_tensor **grads;                      /* [nslots] */
-    tg_tensor **vals;                       /* [nnodes] or NULL */
-    tg_tensor *(*extra)[TG_OP_MAX_EXTRA];   /* [nnodes] */
-    int *nextra;                            /* [nnodes] */
-} sweep_state;
+tg_status tg__grad_accumulate(tg_tensor **dst, tg_tensor *src)
+{
+    return accumulate(dst, src);
+}
 
-static tg_status value_of(sweep_state *s, int64_t j, tg_tensor **out);
 
 /* Borrowed value of input i of node n for a recompute. */
-static tg_status input_value(sweep_state *s, const tg_node *n, int i, tg_tensor **out)
+tg_status tg__sweep_input_value(sweep_state *s, const tg_node *n, int i, tg_tensor **out)
 {
     if (n->in_saved[i] || n->in_val[i]) {
         *out = n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
         return TG_OK;
     }
-    if (n->in_node[i] >= 0) return value_of(s, n->in_node[i], out);
+    if (n->in_node[i] >= 0) return tg__sweep_value_of(s, n->in_node[i], out);
     return tg__err(TG_ERR_INTERNAL, "recompute of '%s': input #%d was not kept", n->op->name, i + 1);
 }
 
-/* Contiguous references to the inputs of n (what dispatch hands forward),
- * through the public contiguous op where a value is a strided view. */
-static tg_status input_args(sweep_state *s, const tg_node *n, tg_tensor **args)
+/* Contiguous references to the inputs of n in which (TG_SAVE_INPUT bits;
+ * what dispatch hands forward), through the public contiguous op where a
+ * value is a strided view; NULL for the others. */
+static tg_status input_args(sweep_state *s, const tg_node *n, unsigned which, tg_tensor **args)
 {
     tg_status st = TG_OK;
     for (int i = 0; i < n->nin; i++) args[i] = NULL;
     for (int i = 0; i < n->nin && !st; i++) {
+        if (!(which & TG_SAVE_INPUT(i))) continue;
         tg_tensor *v;
-        st = input_value(s, n, i, &v);
+        st = tg__sweep_input_value(s, n, i, &v);
         if (st) break;
         if (v->contiguous || (n->op->flags & TG_OP_STRIDED_INPUTS)) {
             args[i] = tg_tensor_retain(v);
@@ -90,7 +84,7 @@ static tg_status rematerialize(sweep_state *s, int64_t j)
 {
     tg_node *n = &s->tape->nodes[j];
     tg_tensor *args[TG_OP_MAX_INPUTS];
-    tg_status st = input_args(s, n, args);
+    tg_status st = input_args(s, n, ~0u, args);
     if (st) return st;
     tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec = {0};
     unsigned needs = 0;
@@ -115,7 +109,7 @@ static tg_status rematerialize(sweep_state *s, int64_t j)
     return st;
 }
 
-static tg_status value_of(sweep_state *s, int64_t j, tg_tensor **out)
+tg_status tg__sweep_value_of(sweep_state *s, int64_t j, tg_tensor **out)
 {
     tg_node *p = &s->tape->nodes[j];
     if (p->ckpt || p->out_saved) {
@@ -160,14 +154,16 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     };
     tg_status st = TG_OK;
     if (n->recompute) {
-        /* Rematerialise the node: its inputs' values and its own output and
-         * extras, as its forward made them. */
-        tg_tensor *out;
-        st = value_of(s, idx, &out);
-        if (!st) st = input_args(s, n, args);
+        /* Rematerialise what backward reads, as NONE would have saved it:
+         * the inputs in saves, and the output (with the extras its forward
+         * keeps) where saves has it or the forward keeps extras. */
+        tg_tensor *out = NULL;
+        if ((n->op->saves & TG_SAVE_OUTPUT) || n->remake_extra)
+            st = tg__sweep_value_of(s, idx, &out);
+        if (!st) st = input_args(s, n, n->op->saves, args);
         if (st) return st;
         ctx.in = args;
-        ctx.out = out;
+        ctx.out = (n->op->saves & TG_SAVE_OUTPUT) ? out : NULL;
         ctx.extra = s->extra[idx];
         ctx.nextra = &s->nextra[idx];
     }
@@ -251,9 +247,32 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
                 break;
             }
             grads[n->out_slot] = NULL;
-            st = run_node(&s, i, g);
-            tg_tensor_release(g);
-            if (st == TG_OK) tg__node_release_saved(tape, n);
+            int64_t hoist[TG_REGION_SPAN];
+            int nhoist = 0;
+            int64_t lo = s.vals && n->recompute ? tg__region_find(&s, i, hoist, &nhoist) : i;
+            if (lo < i) {
+                /* A run of pointwise recompute nodes: recomputed and
+                 * differentiated block by block (region.c), after the
+                 * nodes among them that belong before it. */
+                for (int h = 0; h < nhoist && st == TG_OK; h++) {
+                    tg_node *m = &tape->nodes[hoist[h]];
+                    tg_tensor *gm = grads[m->out_slot];
+                    if (!gm) continue;
+                    grads[m->out_slot] = NULL;
+                    st = run_node(&s, hoist[h], gm);
+                    tg_tensor_release(gm);
+                    if (st == TG_OK) tg__node_release_saved(tape, m);
+                }
+                if (st == TG_OK) st = tg__region_run(&s, lo, i, g);
+                tg_tensor_release(g);
+                for (int64_t j = i; j > lo; j--) drop_values(&s, j);
+                i = lo;
+                n = &tape->nodes[i];
+            } else {
+                st = run_node(&s, i, g);
+                tg_tensor_release(g);
+                if (st == TG_OK) tg__node_release_saved(tape, n);
+            }
         }
         drop_values(&s, i);
     }

@@ -249,6 +249,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->backend = out->backend;
     n->saved_bytes = 0;
     n->recompute = recompute;
+    n->remake_extra = false;
     n->ckpt = NULL;
     n->segment = tape->segment_id;
     for (int i = 0; i < nin; i++) {
@@ -265,6 +266,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->nextra = 0;
     for (int i = 0; i < nextra; i++) {
         if (recompute) { /* backward makes them again */
+            n->remake_extra = true;
             tg_tensor_release(extra[i]);
             continue;
         }

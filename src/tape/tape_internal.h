@@ -26,6 +26,7 @@ typedef struct tg_node {
      * in_val (a leaf, borrowed: the tape's leaf list holds it; or an
      * untracked input, retained). */
     bool recompute;
+    bool remake_extra;                   /* its forward kept extras: backward re-runs it */
     int64_t in_node[TG_OP_MAX_INPUTS];   /* -1: not an interior result */
     tg_tensor *in_val[TG_OP_MAX_INPUTS];
     bool in_val_owned[TG_OP_MAX_INPUTS];

@@ -1,0 +1,466 @@
+/* Pointwise regions of the reverse sweep.
+ *
+ * Under a recomputing policy a chain of elementwise ops saves nothing, and
+ * the plain sweep rematerialises each dropped value as a whole tensor
+ * before the backward that reads it: every recomputed value and every
+ * intermediate gradient makes a round trip through memory. When the sweep
+ * meets a run of consecutive recompute nodes whose ops are marked
+ * TG_OP_POINTWISE (element k of the output depends on element k of each
+ * input, and the same holds for the backward), all of the same element
+ * count, it runs the whole run here instead, one block of elements at a
+ * time: for each block it recomputes the values the backward needs, then
+ * runs the nodes' backward functions in the sweep's order, with blocks
+ * small enough (64 KiB per tensor) that the values and gradients stay in
+ * cache. Only the gradients that leave the run (for its inputs) are
+ * written out whole.
+ *
+ * Every element sees the same operations, with the same operands, in the
+ * same order as in the plain sweep (the same forward and backward
+ * functions on slices; gradients summed in the sweep's order: what
+ * arrived from later consumers first, then the run's consumers from the
+ * last recorded down), so gradients are bitwise those of the plain sweep.
+ *
+ * A node joins the run when its op is flagged, has a backward and keeps
+ * no extra tensors, its output has the run's dtype and element count, and
+ * each input has that element count too or is a single element that needs
+ * no gradient (a broadcast scalar, whose gradient would be a reduction
+ * across blocks). Nodes that saved (an op with an untracked input saves
+ * under BALANCED) join too: their saved tensors are sliced like the rest.
+ * The run is started by a recompute node and stops at the first node that
+ * does not qualify; being a contiguous range of the record, every
+ * consumer of its values is inside it or was processed before it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tape/sweep.h"
+
+#define REGION_BLOCK_BYTES ((int64_t)64 << 10)
+
+static int64_t spec_numel(const tg_spec *sp)
+{
+    return tg__numel(sp->ndim, sp->shape);
+}
+
+static int64_t block_elems(tg_dtype dt)
+{
+    return REGION_BLOCK_BYTES / (int64_t)tg__esize(dt);
+}
+
+static bool joins(const tg_node *n, tg_dtype dt, int64_t numel)
+{
+    if (n->consumed || !(n->op->flags & TG_OP_POINTWISE) || !n->op->backward || n->remake_extra)
+        return false;
+    /* A saving node joins when its value can be had without its producers:
+     * kept whole, or re-run from its saved inputs. */
+    if (!n->recompute && !n->ckpt && !n->out_saved && !tg__node_saves_inputs(n)) return false;
+    if (n->out_spec.dtype != dt || spec_numel(&n->out_spec) != numel) return false;
+    for (int i = 0; i < n->nin; i++) {
+        int64_t m = spec_numel(&n->in_spec[i]);
+        if (m != numel && !(m == 1 && n->in_slot[i] < 0)) return false;
+    }
+    return true;
+}
+
+/* Whether node m reads the output of node j through a tracked input. */
+static bool reads(const tg_node *m, int64_t j)
+{
+    for (int i = 0; i < m->nin; i++)
+        if (m->in_node[i] == j && m->in_slot[i] >= 0) return true;
+    return false;
+}
+
+/* Scans down from top. A qualifying node joins; another node whose
+ * gradient is already complete (no member reads it) and whose gradients
+ * go to no slot a member above it also feeds is hoisted: the sweep runs
+ * it first, as it would have before the members below it, which keeps
+ * every slot's order of accumulation. The scan ends at the first node
+ * that can be neither; hoisted nodes below the lowest member are left to
+ * the sweep. */
+int64_t tg__region_find(sweep_state *s, int64_t top, int64_t *hoist, int *nhoist)
+{
+    tg_node *nodes = s->tape->nodes;
+    const tg_node *n = &nodes[top];
+    tg_dtype dt = n->out_spec.dtype;
+    int64_t numel = spec_numel(&n->out_spec);
+    *nhoist = 0;
+    if (!n->recompute || numel < 2 * block_elems(dt) || !joins(n, dt, numel)) return top;
+    int64_t members[TG_REGION_SPAN];
+    int nmem = 1, nh = 0;
+    members[0] = top;
+    int64_t lo = top;
+    for (int64_t j = top - 1; j >= 0 && top - j < TG_REGION_SPAN; j--) {
+        const tg_node *m = &nodes[j];
+        if (joins(m, dt, numel)) {
+            members[nmem++] = j;
+            lo = j;
+            continue;
+        }
+        bool ok = true;
+        for (int k = 0; k < nmem && ok; k++) {
+            const tg_node *q = &nodes[members[k]];
+            if (reads(q, j)) ok = false;
+            for (int i = 0; i < m->nin && ok; i++)
+                for (int qi = 0; qi < q->nin && ok; qi++)
+                    if (m->in_slot[i] >= 0 && m->in_slot[i] == q->in_slot[qi]) ok = false;
+        }
+        if (!ok) break;
+        hoist[nh++] = j;
+    }
+    while (nh > 0 && hoist[nh - 1] < lo) nh--;
+    *nhoist = nh;
+    return lo;
+}
+
+/* Per node of the run. */
+typedef struct rnode {
+    tg_node *n;
+    int64_t idx;
+    bool need_val, has_grad;
+    int src[TG_OP_MAX_INPUTS];      /* value from this run node's block, -1: from ext */
+    int gdst[TG_OP_MAX_INPUTS];     /* gradient to this run node, -1: to target */
+    tg_tensor *ext[TG_OP_MAX_INPUTS]; /* outside value: contiguous, or one element */
+    int target[TG_OP_MAX_INPUTS];   /* outside gradient target, -1 none */
+    tg_tensor *full;                /* the whole output, where the sweep already has it */
+    tg_tensor *prior;               /* gradient from consumers after the run */
+    tg_tensor *val, *grad;          /* this block's */
+    uint64_t fwd_ns, bwd_ns;
+} rnode;
+
+/* An outside gradient slot the run writes: the whole gradient, built block
+ * by block in out. */
+typedef struct rtarget {
+    int32_t slot;
+    tg_tensor *out;
+    bool prior;     /* out starts as the gradient that was in the slot */
+    bool touched;   /* written in this block */
+} rtarget;
+
+typedef struct region {
+    sweep_state *s;
+    int64_t lo, count, numel;
+    tg_dtype dtype;
+    int member[TG_REGION_SPAN];     /* by node index - lo: run index, -1 not in the run */
+    rnode nodes[TG_REGION_SPAN];
+    rtarget targets[TG_REGION_SPAN * TG_OP_MAX_INPUTS];
+    int ntargets;
+    tg_tensor *owned[TG_REGION_SPAN * (TG_OP_MAX_INPUTS + 1) + 1]; /* copies made here */
+    int nowned;
+} region;
+
+/* A whole tensor the blocks can be sliced from: t itself when contiguous
+ * or a single element; else a contiguous copy, or for a stride-0
+ * broadcast (gradients only: backward functions take strided tensors)
+ * t itself. */
+static tg_status sliceable(region *r, tg_tensor *t, bool allow_bcast, tg_tensor **out)
+{
+    bool bcast = allow_bcast;
+    for (int d = 0; d < t->ndim && bcast; d++) bcast = t->strides[d] == 0;
+    if (t->contiguous || t->numel == 1 || bcast) {
+        *out = t;
+        return TG_OK;
+    }
+    tg_scope_begin();
+    tg_tensor *c = tg_tensor_retain(tg_contiguous(t));
+    tg_scope_end();
+    if (!c) return tg_last_error() ? tg_last_error() : TG_ERR_NOMEM;
+    r->owned[r->nowned++] = c;
+    *out = c;
+    return TG_OK;
+}
+
+/* Elements [start, start + len) of a sliceable tensor as a 1-d view (a 0-d
+ * view for a single element). New reference. */
+static tg_tensor *slice(const tg_tensor *t, int64_t start, int64_t len)
+{
+    if (t->numel == 1) return tg__tensor_view(t, 0, NULL, NULL, t->offset);
+    bool bcast = !t->contiguous;
+    int64_t stride = bcast ? 0 : 1;
+    return tg__tensor_view(t, 1, &len, &stride, t->offset + (bcast ? 0 : start));
+}
+
+static tg_status nomem(void)
+{
+    return tg__err(TG_ERR_NOMEM, "out of memory for a pointwise block");
+}
+
+/* Which values and gradients the run needs, and where its inputs come
+ * from; the outside values and gradients made sliceable. */
+static tg_status plan(region *r, tg_tensor *g)
+{
+    sweep_state *s = r->s;
+    tg_status st = TG_OK;
+    for (int64_t k = r->count - 1; k >= 0 && !st; k--) {
+        rnode *rn = &r->nodes[k];
+        tg_node *n = rn->n;
+        int64_t idx = rn->idx;
+        if (n->ckpt || n->out_saved || s->vals[idx]) {
+            tg_tensor *w = n->ckpt ? n->ckpt : n->out_saved ? n->out_saved : s->vals[idx];
+            st = sliceable(r, w, false, &rn->full);
+            if (st) break;
+        }
+        tg_tensor *pg = k == r->count - 1 ? g : s->grads[n->out_slot];
+        if (pg) {
+            rn->has_grad = true;
+            st = sliceable(r, pg, true, &rn->prior);
+            if (st) break;
+        }
+        unsigned saves = n->op->saves;
+        if (rn->has_grad && (saves & TG_SAVE_OUTPUT)) rn->need_val = true;
+        for (int i = 0; i < n->nin; i++) {
+            rn->src[i] = rn->gdst[i] = rn->target[i] = -1;
+            int64_t p = n->in_node[i];
+            int pk = p >= r->lo && p < idx ? r->member[p - r->lo] : -1;
+            bool inside = pk >= 0;
+            /* Where the value comes from: a saved or kept whole tensor,
+             * else the producer's block. */
+            if (inside && !n->in_saved[i] && !n->in_val[i]) {
+                rnode *pr = &r->nodes[pk];
+                rn->src[i] = pk;
+                if ((rn->need_val && !rn->full) || (rn->has_grad && (saves & TG_SAVE_INPUT(i))))
+                    pr->need_val = true;
+            }
+            if (!rn->has_grad || n->in_slot[i] < 0) continue;
+            if (inside) {
+                rn->gdst[i] = pk;
+                r->nodes[pk].has_grad = true;
+                continue;
+            }
+            int t = 0;
+            while (t < r->ntargets && r->targets[t].slot != n->in_slot[i]) t++;
+            if (t == r->ntargets) {
+                rtarget *tg = &r->targets[r->ntargets++];
+                tg->slot = n->in_slot[i];
+                tg_tensor *was = s->grads[tg->slot];
+                const tg_spec *sp = &n->in_spec[i];
+                tg->out = tg__tensor_empty(sp->dtype, sp->ndim, sp->shape, n->backend);
+                if (!tg->out) {
+                    st = TG_ERR_NOMEM;
+                    break;
+                }
+                if (was) {
+                    tg->prior = true;
+                    st = tg_tensor_copy_out(was, tg__tensor_ptr(tg->out),
+                                            tg->out->storage->nbytes);
+                    if (st) break;
+                }
+            }
+            rn->target[i] = t;
+        }
+    }
+    /* Outside values, only for the nodes whose forward or backward runs. */
+    for (int64_t k = 0; k < r->count && !st; k++) {
+        rnode *rn = &r->nodes[k];
+        tg_node *n = rn->n;
+        bool fwd = rn->need_val && !rn->full;
+        if (!fwd && !rn->has_grad) continue;
+        for (int i = 0; i < n->nin && !st; i++) {
+            if (rn->src[i] >= 0) continue;
+            if (!fwd && !(n->op->saves & TG_SAVE_INPUT(i))) continue;
+            tg_tensor *v = n->in_saved[i];
+            if (!v) st = tg__sweep_input_value(r->s, n, i, &v);
+            if (!st) st = sliceable(r, v, false, &rn->ext[i]);
+        }
+    }
+    return st;
+}
+
+/* Block value of input i of run node k (new reference), or NULL. */
+static tg_tensor *input_block(region *r, const rnode *rn, int i, int64_t start, int64_t len)
+{
+    if (rn->src[i] >= 0) return tg_tensor_retain(r->nodes[rn->src[i]].val);
+    return rn->ext[i] ? slice(rn->ext[i], start, len) : NULL;
+}
+
+static tg_status block_forward(region *r, rnode *rn, int64_t start, int64_t len)
+{
+    if (rn->full) {
+        rn->val = slice(rn->full, start, len);
+        return rn->val ? TG_OK : nomem();
+    }
+    tg_node *n = rn->n;
+    tg_tensor *args[TG_OP_MAX_INPUTS] = {0};
+    tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec = {0};
+    tg_status st = TG_OK;
+    unsigned needs = 0;
+    for (int i = 0; i < n->nin && !st; i++) {
+        args[i] = input_block(r, rn, i, start, len);
+        if (!args[i]) st = tg__err(TG_ERR_INTERNAL, "pointwise block of '%s': input #%d missing",
+                                   n->op->name, i + 1);
+        else tg__spec_of(args[i], &in_spec[i]);
+        if (n->in_slot[i] >= 0) needs |= 1u << i;
+    }
+    if (!st) st = n->op->shape(n->op, &n->attrs, args, &out_spec);
+    if (!st) {
+        tg_tensor *extra[TG_OP_MAX_EXTRA];
+        int nextra = 0;
+        tg_op_ctx ctx = {
+            .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = args, .in_spec = in_spec,
+            .out = NULL, .out_spec = &out_spec, .backend = n->backend, .needs = needs,
+            .extra = extra, .nextra = &nextra, .forward = true,
+        };
+        uint64_t t0 = r->s->tape->profiling ? tg__now_ns() : 0;
+        rn->val = n->op->forward(&ctx, args);
+        if (t0) rn->fwd_ns += tg__now_ns() - t0;
+        for (int k = 0; k < nextra; k++) tg_tensor_release(extra[k]);
+        if (!rn->val) st = tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
+    }
+    for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
+    return st;
+}
+
+/* Adds a block gradient to an outside target, in the sweep's order. */
+static tg_status to_target(rtarget *t, tg_tensor *g, int64_t start, int64_t len)
+{
+    size_t es = tg__esize(t->out->dtype);
+    void *dst = (char *)tg__tensor_ptr(t->out) + (size_t)start * es;
+    tg_status st;
+    if (!t->prior && !t->touched) {
+        st = tg_tensor_copy_out(g, dst, (size_t)len * es);
+    } else {
+        tg_tensor *cur = slice(t->out, start, len);
+        if (!cur) return nomem();
+        tg_scope_begin();
+        tg_tensor *sum = tg_add(cur, g);
+        st = sum ? tg_tensor_copy_out(sum, dst, (size_t)len * es) : tg_last_error();
+        tg_scope_end();
+        tg_tensor_release(cur);
+    }
+    t->touched = true;
+    return st;
+}
+
+static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len)
+{
+    tg_node *n = rn->n;
+    unsigned saves = n->op->saves, needs = 0;
+    tg_tensor *args[TG_OP_MAX_INPUTS] = {0}, *gin[TG_OP_MAX_INPUTS] = {0};
+    tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec;
+    tg__spec_of(rn->grad, &out_spec);
+    tg_status st = TG_OK;
+    for (int i = 0; i < n->nin; i++) {
+        if (n->in_slot[i] >= 0) needs |= 1u << i;
+        if (spec_numel(&n->in_spec[i]) == 1 && r->numel > 1) {
+            in_spec[i] = n->in_spec[i];
+            in_spec[i].ndim = 0;
+        } else {
+            in_spec[i] = (tg_spec){.dtype = n->in_spec[i].dtype, .ndim = 1, .shape = {len}};
+        }
+        if ((saves & TG_SAVE_INPUT(i)) && !(args[i] = input_block(r, rn, i, start, len)))
+            st = tg__err(TG_ERR_INTERNAL, "pointwise block of '%s': input #%d missing",
+                         n->op->name, i + 1);
+    }
+    int nextra = 0;
+    tg_op_ctx ctx = {
+        .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = args, .in_spec = in_spec,
+        .out = (saves & TG_SAVE_OUTPUT) ? rn->val : NULL, .out_spec = &out_spec,
+        .backend = n->backend, .needs = needs, .extra = NULL, .nextra = &nextra,
+        .forward = false,
+    };
+    if (!st) {
+        tg_scope_begin();
+        uint64_t t0 = r->s->tape->profiling ? tg__now_ns() : 0;
+        st = n->op->backward(&ctx, rn->grad, gin);
+        if (t0) rn->bwd_ns += tg__now_ns() - t0;
+        for (int i = 0; i < n->nin; i++) tg_tensor_retain(gin[i]);
+        tg_scope_end();
+        if (st && tg_last_error() == TG_OK) tg__err(st, "backward of '%s' failed", n->op->name);
+    }
+    for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
+    for (int i = 0; i < n->nin && !st; i++) {
+        if (!(needs & (1u << i))) continue;
+        tg_tensor *gi = gin[i];
+        if (!gi || gi->dtype != n->in_spec[i].dtype || gi->numel != len) {
+            st = tg__err(TG_ERR_INTERNAL, "backward of '%s' returned %s for input #%d of a "
+                                          "pointwise block", n->op->name,
+                         gi ? "a gradient of the wrong dtype or size" : "no gradient", i + 1);
+            break;
+        }
+        if (rn->gdst[i] >= 0) {
+            gin[i] = NULL;
+            st = tg__grad_accumulate(&r->nodes[rn->gdst[i]].grad, gi);
+        } else {
+            st = to_target(&r->targets[rn->target[i]], gi, start, len);
+        }
+    }
+    for (int i = 0; i < n->nin; i++) tg_tensor_release(gin[i]);
+    return st;
+}
+
+static void block_clear(region *r)
+{
+    for (int64_t k = 0; k < r->count; k++) {
+        tg_tensor_release(r->nodes[k].val);
+        tg_tensor_release(r->nodes[k].grad);
+        r->nodes[k].val = r->nodes[k].grad = NULL;
+    }
+    for (int t = 0; t < r->ntargets; t++) r->targets[t].touched = false;
+}
+
+static tg_status run_block(region *r, int64_t start, int64_t len)
+{
+    tg_status st = TG_OK;
+    for (int64_t k = 0; k < r->count && !st; k++)
+        if (r->nodes[k].need_val) st = block_forward(r, &r->nodes[k], start, len);
+    for (int64_t k = 0; k < r->count && !st; k++)
+        if (r->nodes[k].prior && !(r->nodes[k].grad = slice(r->nodes[k].prior, start, len)))
+            st = nomem();
+    for (int64_t k = r->count - 1; k >= 0 && !st; k--) {
+        rnode *rn = &r->nodes[k];
+        if (!rn->has_grad) continue;
+        if (!rn->grad)
+            st = tg__err(TG_ERR_INTERNAL, "pointwise block: no gradient reached '%s'",
+                         rn->n->op->name);
+        else
+            st = block_backward(r, rn, start, len);
+    }
+    block_clear(r);
+    return st;
+}
+
+tg_status tg__region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g)
+{
+    region *r = calloc(1, sizeof *r);
+    if (!r) return tg__err(TG_ERR_NOMEM, "out of memory for a pointwise region");
+    tg_tape *tape = s->tape;
+    r->s = s;
+    r->lo = lo;
+    r->dtype = tape->nodes[top].out_spec.dtype;
+    r->numel = spec_numel(&tape->nodes[top].out_spec);
+    /* The members, as tg__region_find chose them (hoisted nodes have run:
+     * they are consumed or never qualified). */
+    for (int64_t j = lo; j <= top; j++) {
+        r->member[j - lo] = -1;
+        if (!joins(&tape->nodes[j], r->dtype, r->numel)) continue;
+        r->member[j - lo] = (int)r->count;
+        r->nodes[r->count].n = &tape->nodes[j];
+        r->nodes[r->count++].idx = j;
+    }
+    tg_status st = plan(r, g);
+    int64_t b = block_elems(r->dtype);
+    for (int64_t start = 0; start < r->numel && !st; start += b)
+        st = run_block(r, start, r->numel - start < b ? r->numel - start : b);
+    if (!st) {
+        for (int t = 0; t < r->ntargets; t++) {
+            tg_tensor_release(s->grads[r->targets[t].slot]);
+            s->grads[r->targets[t].slot] = r->targets[t].out;
+            r->targets[t].out = NULL;
+        }
+        for (int64_t k = 0; k < r->count; k++) {
+            rnode *rn = &r->nodes[k];
+            if (rn->idx != top) {
+                tg_tensor_release(s->grads[rn->n->out_slot]);
+                s->grads[rn->n->out_slot] = NULL;
+            }
+            if (rn->need_val && !rn->full) tape->recomputes++;
+            if (tape->profiling) {
+                if (rn->need_val && !rn->full) tg__profile_recompute(tape, rn->n->op, rn->fwd_ns);
+                if (rn->has_grad) tg__profile_backward(tape, rn->n->op, rn->bwd_ns);
+            }
+            if (rn->has_grad) tg__node_release_saved(tape, rn->n);
+        }
+    }
+    for (int t = 0; t < r->ntargets; t++) tg_tensor_release(r->targets[t].out);
+    for (int i = 0; i < r->nowned; i++) tg_tensor_release(r->owned[i]);
+    free(r);
+    return st;
+}
