@@ -130,8 +130,9 @@ const char *tg_mem_allocator(void);
  * run with: "avx512", "avx2" or "baseline" (the compiler's default for the
  * target), the widest the CPU supports unless the environment variable
  * TAPEGRAD_VMATH=avx2|baseline (read once, when the kernel table is built)
- * caps it. Every variant does the same IEEE operations in the same order,
- * so results are bitwise identical; only the speed differs.
+ * caps it. avx512 and avx2 use fused multiply-adds and give bitwise the
+ * same results; baseline rounds separately and agrees with them to a few
+ * ulp. The variant is chosen once, so one process computes consistently.
  * tg_cpu_set_vector_isa switches the variant (to compare them): TG_ERR_INVALID
  * for a name not in the list, TG_ERR_UNSUPPORTED where the CPU lacks it.
  * Call it while no op is running. */

@@ -43,7 +43,8 @@ static int64_t spec_numel(const tg_spec *sp)
 
 static int64_t block_elems(tg_dtype dt)
 {
-    return REGION_BLOCK_BYTES / (int64_t)tg__esize(dt);
+    static int64_t bb = 0; if (!bb) { const char *e = getenv("TG_BB"); bb = e ? atoll(e) : REGION_BLOCK_BYTES; }
+    return bb / (int64_t)tg__esize(dt);
 }
 
 static bool joins(const tg_node *n, tg_dtype dt, int64_t numel)
@@ -131,8 +132,8 @@ typedef struct rnode {
 typedef struct rtarget {
     int32_t slot;
     tg_tensor *out;
-    bool prior;     /* out starts as the gradient that was in the slot */
-    bool touched;   /* written in this block */
+    tg_tensor *prior;   /* the gradient that was in the slot, sliceable */
+    tg_tensor *acc;     /* this block's sum */
 } rtarget;
 
 typedef struct region {
@@ -237,12 +238,7 @@ static tg_status plan(region *r, tg_tensor *g)
                     st = TG_ERR_NOMEM;
                     break;
                 }
-                if (was) {
-                    tg->prior = true;
-                    st = tg_tensor_copy_out(was, tg__tensor_ptr(tg->out),
-                                            tg->out->storage->nbytes);
-                    if (st) break;
-                }
+                if (was && (st = sliceable(r, was, true, &tg->prior))) break;
             }
             rn->target[i] = t;
         }
@@ -308,24 +304,15 @@ static tg_status block_forward(region *r, rnode *rn, int64_t start, int64_t len)
     return st;
 }
 
-/* Adds a block gradient to an outside target, in the sweep's order. */
-static tg_status to_target(rtarget *t, tg_tensor *g, int64_t start, int64_t len)
+/* Writes a target's block sum into its whole gradient. */
+static tg_status flush_target(rtarget *t, int64_t start, int64_t len)
 {
+    if (!t->acc) return TG_OK;
     size_t es = tg__esize(t->out->dtype);
-    void *dst = (char *)tg__tensor_ptr(t->out) + (size_t)start * es;
-    tg_status st;
-    if (!t->prior && !t->touched) {
-        st = tg_tensor_copy_out(g, dst, (size_t)len * es);
-    } else {
-        tg_tensor *cur = slice(t->out, start, len);
-        if (!cur) return nomem();
-        tg_scope_begin();
-        tg_tensor *sum = tg_add(cur, g);
-        st = sum ? tg_tensor_copy_out(sum, dst, (size_t)len * es) : tg_last_error();
-        tg_scope_end();
-        tg_tensor_release(cur);
-    }
-    t->touched = true;
+    tg_status st = tg_tensor_copy_out(t->acc, (char *)tg__tensor_ptr(t->out) + (size_t)start * es,
+                                      (size_t)len * es);
+    tg_tensor_release(t->acc);
+    t->acc = NULL;
     return st;
 }
 
@@ -379,7 +366,8 @@ static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len
             gin[i] = NULL;
             st = tg__grad_accumulate(&r->nodes[rn->gdst[i]].grad, gi);
         } else {
-            st = to_target(&r->targets[rn->target[i]], gi, start, len);
+            gin[i] = NULL;
+            st = tg__grad_accumulate(&r->targets[rn->target[i]].acc, gi);
         }
     }
     for (int i = 0; i < n->nin; i++) tg_tensor_release(gin[i]);
@@ -393,7 +381,10 @@ static void block_clear(region *r)
         tg_tensor_release(r->nodes[k].grad);
         r->nodes[k].val = r->nodes[k].grad = NULL;
     }
-    for (int t = 0; t < r->ntargets; t++) r->targets[t].touched = false;
+    for (int t = 0; t < r->ntargets; t++) {
+        tg_tensor_release(r->targets[t].acc);
+        r->targets[t].acc = NULL;
+    }
 }
 
 static tg_status run_block(region *r, int64_t start, int64_t len)
@@ -404,6 +395,9 @@ static tg_status run_block(region *r, int64_t start, int64_t len)
     for (int64_t k = 0; k < r->count && !st; k++)
         if (r->nodes[k].prior && !(r->nodes[k].grad = slice(r->nodes[k].prior, start, len)))
             st = nomem();
+    for (int t = 0; t < r->ntargets && !st; t++)
+        if (r->targets[t].prior && !(r->targets[t].acc = slice(r->targets[t].prior, start, len)))
+            st = nomem();
     for (int64_t k = r->count - 1; k >= 0 && !st; k--) {
         rnode *rn = &r->nodes[k];
         if (!rn->has_grad) continue;
@@ -413,6 +407,7 @@ static tg_status run_block(region *r, int64_t start, int64_t len)
         else
             st = block_backward(r, rn, start, len);
     }
+    for (int t = 0; t < r->ntargets && !st; t++) st = flush_target(&r->targets[t], start, len);
     block_clear(r);
     return st;
 }

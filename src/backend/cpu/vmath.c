@@ -17,11 +17,14 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 
-/* The loops are compiled three times: for AVX-512, for AVX2 and for the
- * baseline ISA, and registration picks the widest the CPU runs. Floating
- * point contraction is off under -std=c11, so every variant does the same
- * IEEE operations in the same order: results are bitwise identical across
- * them, only the vector width differs. */
+/* The loops are compiled three times: for AVX-512 and for AVX2 (both
+ * with fused multiply-adds in the polynomials), and for the baseline ISA
+ * (separate multiplies and adds), and registration picks the widest the
+ * CPU runs. Floating point contraction is otherwise off (-std=c11), so the
+ * two FMA variants do the same IEEE operations in the same order and give
+ * bitwise the same results; baseline differs from them by rounding only
+ * (within a few ulp). The choice is made once per process, so every
+ * tensor a process computes goes through the same variant. */
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define TG_VMATH_MULTI 1
 #endif
@@ -48,23 +51,23 @@ static inline float blend(int32_t m, float x, float y)
     return bits_f((f_bits(x) & m) | (f_bits(y) & ~m));
 }
 
-#define VMATH_CORES(SFX)                                                            \
+#define VMATH_CORES(SFX, MADD)                                                          \
     static inline float exp_core_##SFX(float x)                                     \
     {                                                                               \
         x = blend(-(int32_t)(x > 88.37626f), 88.37626f, x);                         \
         x = blend(-(int32_t)(x < -87.33654f), -87.33654f, x);                       \
-        float fx = x * 1.44269504088896341f + 0.5f;                                 \
+        float fx = MADD(x, 1.44269504088896341f, 0.5f);                             \
         int32_t i = (int32_t)fx;                                                    \
         i -= (int32_t)((float)i > fx); /* floor */                                  \
         float n = (float)i;                                                         \
-        float r = x - n * 0.693359375f + n * 2.12194440e-4f;                        \
+        float r = MADD(n, 2.12194440e-4f, MADD(-n, 0.693359375f, x));                        \
         float y = 1.9875691500e-4f;                                                 \
-        y = y * r + 1.3981999507e-3f;                                               \
-        y = y * r + 8.3334519073e-3f;                                               \
-        y = y * r + 4.1665795894e-2f;                                               \
-        y = y * r + 1.6666665459e-1f;                                               \
-        y = y * r + 5.0000001201e-1f;                                               \
-        y = y * r * r + r + 1.0f;                                                   \
+        y = MADD(y, r, 1.3981999507e-3f);                                            \
+        y = MADD(y, r, 8.3334519073e-3f);                                            \
+        y = MADD(y, r, 4.1665795894e-2f);                                            \
+        y = MADD(y, r, 1.6666665459e-1f);                                            \
+        y = MADD(y, r, 5.0000001201e-1f);                                            \
+        y = MADD(y * r, r, r) + 1.0f;                                               \
         return y * bits_f((i + 127) << 23);                                         \
     }                                                                               \
     static inline float tanh_core_##SFX(float x)                                    \
@@ -73,18 +76,18 @@ static inline float blend(int32_t m, float x, float y)
         float a = bits_f(f_bits(x) & INT32_MAX);                                    \
         float z = x * x;                                                            \
         float p = -5.70498872745e-3f;                                               \
-        p = p * z + 2.06390887954e-2f;                                              \
-        p = p * z - 5.37397155531e-2f;                                              \
-        p = p * z + 1.33314422036e-1f;                                              \
-        p = p * z - 3.33332819422e-1f;                                              \
-        float small = p * z * x + x;                                                \
+        p = MADD(p, z, 2.06390887954e-2f);                                            \
+        p = MADD(p, z, -5.37397155531e-2f);                                            \
+        p = MADD(p, z, 1.33314422036e-1f);                                            \
+        p = MADD(p, z, -3.33332819422e-1f);                                            \
+        float small = MADD(p * z, x, x);                                             \
         float e = exp_core_##SFX(2.0f * a);                                         \
         float big = bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                \
         return blend(-(int32_t)(a < 0.625f), small, big);                           \
     }
 
-#define VMATH_LOOPS(SFX, ATTR)                                                      \
-    VMATH_CORES(SFX)                                                                \
+#define VMATH_LOOPS(SFX, ATTR, MADD)                                                \
+    VMATH_CORES(SFX, MADD)                                                          \
     ATTR static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
     {                                                                               \
         const float *restrict x = xv;                                               \
@@ -108,17 +111,19 @@ static inline float blend(int32_t m, float x, float y)
         for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + exp_core_##SFX(-x[i]));\
     }
 
-VMATH_LOOPS(base, )
+#define MADD_SEPARATE(a, b, c) ((a) * (b) + (c))
+#define MADD_FUSED(a, b, c) __builtin_fmaf((a), (b), (c))
+VMATH_LOOPS(base, , MADD_SEPARATE)
 #ifdef TG_VMATH_MULTI
 #pragma GCC push_options
-#pragma GCC target("avx2")
+#pragma GCC target("avx2,fma")
 #pragma GCC optimize("no-trapping-math")
-VMATH_LOOPS(avx2, )
+VMATH_LOOPS(avx2, , MADD_FUSED)
 #pragma GCC pop_options
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,prefer-vector-width=512")
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,fma,prefer-vector-width=512")
 #pragma GCC optimize("no-trapping-math")
-VMATH_LOOPS(avx512, )
+VMATH_LOOPS(avx512, , MADD_FUSED)
 #pragma GCC pop_options
 #endif
 
