@@ -1,9 +1,10 @@
-/* cpu backend: f32 exp, tanh and sigmoid as branch-free polynomial loops
+/* cpu backend: f32 exp, tanh, sigmoid and cross-entropy as branch-free polynomial loops
  * the compiler vectorizes (libm's scalar calls dominated elementwise
  * workloads). Cephes' single-precision schemes: exp by n ln2 + r range
  * reduction and a degree-6 polynomial, tanh by an odd polynomial below
  * 0.625 and 1 - 2 / (e^2|x| + 1) above. Errors stay within a few ulp of
  * libm's, which the ref-vs-cpu tests check (ref keeps libm). */
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -109,8 +110,47 @@ static inline float blend(int32_t m, float x, float y)
         float *restrict y = yv;                                                     \
         (void)p;                                                                    \
         for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + exp_core_##SFX(-x[i]));\
+    }                                                                               \
+    /* Cross-entropy rows: logp = (x - max) - log(sum e^(x - max)), the sum in   \
+     * double; loss = mean of -logp[target]. */                                    \
+    ATTR static void ce_fwd_f32_##SFX(int64_t N, int64_t C, const void *xv, const int64_t *t, \
+                                      void *lv, void *lossv)                        \
+    {                                                                               \
+        const float *x = xv;                                                        \
+        float *lp = lv;                                                             \
+        double acc = 0.0;                                                           \
+        for (int64_t i = 0; i < N; i++) {                                           \
+            const float *restrict xr = x + i * C;                                   \
+            float *restrict yr = lp + i * C;                                        \
+            float mx = -INFINITY;                                                   \
+            for (int64_t j = 0; j < C; j++) mx = xr[j] > mx ? xr[j] : mx;           \
+            for (int64_t j = 0; j < C; j++) yr[j] = xr[j] - mx;                     \
+            double sum = 0.0;                                                       \
+            for (int64_t j0 = 0; j0 < C; j0 += CE_CHUNK) {                          \
+                float e[CE_CHUNK];                                                  \
+                int64_t m = C - j0 < CE_CHUNK ? C - j0 : CE_CHUNK;                  \
+                for (int64_t k = 0; k < m; k++) e[k] = exp_core_##SFX(yr[j0 + k]);  \
+                for (int64_t k = 0; k < m; k++) sum += (double)e[k];                \
+            }                                                                       \
+            float lse = (float)log(sum);                                            \
+            for (int64_t j = 0; j < C; j++) yr[j] -= lse;                           \
+            acc -= (double)yr[t[i]];                                                \
+        }                                                                           \
+        *(float *)lossv = (float)(N ? acc / (double)N : 0.0);                       \
+    }                                                                               \
+    /* gx = (e^logp - onehot(t)) * scale */                                         \
+    ATTR static void ce_bwd_f32_##SFX(int64_t N, int64_t C, const void *lv, const int64_t *t, \
+                                      double scale, void *gxv)                      \
+    {                                                                               \
+        const float *restrict lp = lv;                                              \
+        float *restrict gx = gxv;                                                   \
+        const float sc = (float)scale;                                              \
+        for (int64_t i = 0; i < N * C; i++) gx[i] = exp_core_##SFX(lp[i]);          \
+        for (int64_t i = 0; i < N; i++) gx[i * C + t[i]] -= 1.0f;                   \
+        for (int64_t i = 0; i < N * C; i++) gx[i] *= sc;                            \
     }
 
+#define CE_CHUNK 256
 #define MADD_SEPARATE(a, b, c) ((a) * (b) + (c))
 #define MADD_FUSED(a, b, c) __builtin_fmaf((a), (b), (c))
 VMATH_LOOPS(base, , MADD_SEPARATE)
@@ -130,14 +170,19 @@ VMATH_LOOPS(avx512, , MADD_FUSED)
 typedef struct vmath_set {
     const char *isa;
     tg_unary_fn exp, tanh, sigmoid;
+    tg_ce_fwd_fn ce_fwd;
+    tg_ce_bwd_fn ce_bwd;
 } vmath_set;
 
 static const vmath_set sets[] = {
 #ifdef TG_VMATH_MULTI
-    {"avx512", exp_f32_avx512, tanh_f32_avx512, sigmoid_f32_avx512},
-    {"avx2", exp_f32_avx2, tanh_f32_avx2, sigmoid_f32_avx2},
+    {"avx512", exp_f32_avx512, tanh_f32_avx512, sigmoid_f32_avx512, ce_fwd_f32_avx512,
+     ce_bwd_f32_avx512},
+    {"avx2", exp_f32_avx2, tanh_f32_avx2, sigmoid_f32_avx2, ce_fwd_f32_avx2,
+     ce_bwd_f32_avx2},
 #endif
-    {"baseline", exp_f32_base, tanh_f32_base, sigmoid_f32_base},
+    {"baseline", exp_f32_base, tanh_f32_base, sigmoid_f32_base, ce_fwd_f32_base,
+     ce_bwd_f32_base},
 };
 enum { NSETS = sizeof sets / sizeof sets[0] };
 
@@ -160,6 +205,8 @@ static void install(const vmath_set *v)
     tg__kernel_set(TG_K_EXP, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)v->exp);
     tg__kernel_set(TG_K_TANH, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)v->tanh);
     tg__kernel_set(TG_K_SIGMOID, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)v->sigmoid);
+    tg__kernel_set(TG_K_CE_FWD, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)v->ce_fwd);
+    tg__kernel_set(TG_K_CE_BWD, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)v->ce_bwd);
     vmath_isa = v->isa;
 }
 
