@@ -1,9 +1,10 @@
-/* Pointwise regions: under a recomputing policy, backward runs a chain of
- * TG_OP_POINTWISE ops block by block (src/tape/region.c). The gradients
- * must be NONE's bitwise, on large tensors (the blocked path, with a
- * partial last block) and small ones (the plain path); the blocked path
- * must not rematerialise whole tensors; a failing backward inside a
- * region must leave the leaves untouched and leak nothing. */
+/* Pointwise regions: backward runs a chain of TG_OP_POINTWISE ops over
+ * large tensors block by block (src/tape/region.c). The gradients must be
+ * those of the whole-tensor sweep (tg_tape_opts.plain_backward) bitwise,
+ * under NONE and BALANCED, on large tensors (with a partial last block)
+ * and small ones (always the plain path); the blocked path must not
+ * rematerialise whole tensors; a failing backward inside a region must
+ * leave the leaves untouched and leak nothing. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -92,7 +93,7 @@ typedef struct run_out {
 
 static char backward_msg[256];
 
-static run_out run(tg_checkpoint_policy policy, int64_t n, tg_status *bst)
+static run_out run(tg_checkpoint_policy policy, bool plain, int64_t n, tg_status *bst)
 {
     tg_rng rng;
     tg_rng_seed(&rng, 5);
@@ -100,7 +101,7 @@ static run_out run(tg_checkpoint_policy policy, int64_t n, tg_status *bst)
     tg_tensor *y = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -2.0, 2.0);
     tg_tensor *c = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -1.0, 1.0);
     tg_tensor *s = tg_full(TG_F64, 0, NULL, 0.3);
-    tg_tape *tape = tg_tape_new(&(tg_tape_opts){.policy = policy});
+    tg_tape *tape = tg_tape_new(&(tg_tape_opts){.policy = policy, .plain_backward = plain});
     cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
     cr_assert_eq(tg_requires_grad(tape, y), TG_OK);
     run_out r = {0};
@@ -149,24 +150,35 @@ Test(region, blocked_backward_gives_nones_gradients_bitwise_without_whole_recomp
     /* 8192 f64 per block: 12 whole blocks and a partial one. */
     const int64_t n = 12 * 8192 + 1000;
     tg_status st;
-    run_out none = run(TG_CHECKPOINT_NONE, n, &st);
+    run_out plain = run(TG_CHECKPOINT_NONE, true, n, &st);
     cr_assert_eq(st, TG_OK, "%s", tg_last_error_message());
-    run_out bal = run(TG_CHECKPOINT_BALANCED, n, &st);
+    run_out none = run(TG_CHECKPOINT_NONE, false, n, &st);
     cr_assert_eq(st, TG_OK, "%s", tg_last_error_message());
-    expect_same(&none, &bal, n, "balanced, blocked");
+    run_out bal = run(TG_CHECKPOINT_BALANCED, false, n, &st);
+    cr_assert_eq(st, TG_OK, "%s", tg_last_error_message());
+    run_out bal_plain = run(TG_CHECKPOINT_BALANCED, true, n, &st);
+    cr_assert_eq(st, TG_OK, "%s", tg_last_error_message());
+    expect_same(&plain, &none, n, "none, blocked");
+    expect_same(&plain, &bal, n, "balanced, blocked");
+    expect_same(&plain, &bal_plain, n, "balanced, plain");
     cr_expect_gt(bal.recomputes, 5, "the chain was recomputed (%lld forwards)",
                  (long long)bal.recomputes);
     /* The blocked path writes whole only the two leaf gradients; the plain
-     * path would rematerialise each recomputed value whole (n doubles
-     * apiece, a dozen of them). Blocks cost under 4 MB. */
+     * path rematerialises each recomputed value whole (n doubles apiece, a
+     * dozen of them) and NONE's plain backward makes a whole gradient per
+     * node. Blocks cost under 4 MB. */
     size_t whole = (size_t)n * sizeof(double);
     cr_expect_leq(bal.backward_peak, 2 * whole + ((size_t)4 << 20),
                   "backward peak %zu bytes: more than the two leaf gradients (%zu each)",
                   bal.backward_peak, whole);
-    cr_expect_lt(bal.backward_peak, none.backward_peak, "balanced %zu vs none %zu",
-                 bal.backward_peak, none.backward_peak);
+    cr_expect_lt(bal.backward_peak, bal_plain.backward_peak, "balanced blocked %zu vs plain %zu",
+                 bal.backward_peak, bal_plain.backward_peak);
+    cr_expect_lt(none.backward_peak, plain.backward_peak, "none blocked %zu vs plain %zu",
+                 none.backward_peak, plain.backward_peak);
+    free_out(&plain);
     free_out(&none);
     free_out(&bal);
+    free_out(&bal_plain);
     cr_expect_eq(tg_mem_current_bytes(), mem0);
 }
 
@@ -174,9 +186,9 @@ Test(region, small_tensors_take_the_plain_path_with_the_same_gradients)
 {
     const int64_t n = 1000;
     tg_status st;
-    run_out none = run(TG_CHECKPOINT_NONE, n, &st);
+    run_out none = run(TG_CHECKPOINT_NONE, false, n, &st);
     cr_assert_eq(st, TG_OK, "%s", tg_last_error_message());
-    run_out bal = run(TG_CHECKPOINT_BALANCED, n, &st);
+    run_out bal = run(TG_CHECKPOINT_BALANCED, false, n, &st);
     cr_assert_eq(st, TG_OK, "%s", tg_last_error_message());
     expect_same(&none, &bal, n, "balanced, plain");
     free_out(&none);
@@ -187,16 +199,19 @@ Test(region, a_failing_backward_inside_a_region_leaves_the_leaves_untouched)
 {
     size_t mem0 = tg_mem_current_bytes();
     const int64_t n = 4 * 8192;
-    tg_status st;
-    fail_backward = true;
-    run_out bad = run(TG_CHECKPOINT_BALANCED, n, &st);
-    fail_backward = false;
-    cr_expect_eq(st, TG_ERR_INVALID, "got %s", tg_strerror(st));
-    cr_expect(strstr(backward_msg, "ss_pointwise") != NULL, "%s", backward_msg);
-    cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked by the failed backward");
-    run_out good = run(TG_CHECKPOINT_BALANCED, n, &st);
-    cr_expect_eq(st, TG_OK, "%s", tg_last_error_message());
-    free_out(&bad);
-    free_out(&good);
+    const tg_checkpoint_policy pol[2] = {TG_CHECKPOINT_NONE, TG_CHECKPOINT_BALANCED};
+    for (int p = 0; p < 2; p++) {
+        tg_status st;
+        fail_backward = true;
+        run_out bad = run(pol[p], false, n, &st);
+        fail_backward = false;
+        cr_expect_eq(st, TG_ERR_INVALID, "policy %d: got %s", p, tg_strerror(st));
+        cr_expect(strstr(backward_msg, "ss_pointwise") != NULL, "%s", backward_msg);
+        cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked by the failed backward");
+        run_out good = run(pol[p], false, n, &st);
+        cr_expect_eq(st, TG_OK, "%s", tg_last_error_message());
+        free_out(&bad);
+        free_out(&good);
+    }
     cr_expect_eq(tg_mem_current_bytes(), mem0);
 }

@@ -20,6 +20,10 @@ typedef enum tg_checkpoint_policy {
 typedef struct tg_tape_opts {
     tg_checkpoint_policy policy;
     size_t budget_bytes; /* TG_CHECKPOINT_BUDGET only */
+    /* Backward on whole tensors only: no pointwise blocks (runs of
+     * TG_OP_POINTWISE ops over large tensors are otherwise differentiated
+     * 64 KiB at a time; the gradients are bitwise the same either way). */
+    bool plain_backward;
 } tg_tape_opts;
 
 /* New empty tape (NULL opts: defaults). Free with tg_tape_free. */

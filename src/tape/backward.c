@@ -249,7 +249,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             grads[n->out_slot] = NULL;
             int64_t hoist[TG_REGION_SPAN];
             int nhoist = 0;
-            int64_t lo = s.vals && n->recompute ? tg__region_find(&s, i, hoist, &nhoist) : i;
+            int64_t lo = tg__region_find(&s, i, hoist, &nhoist);
             if (lo < i) {
                 /* A run of pointwise recompute nodes: recomputed and
                  * differentiated block by block (region.c), after the

@@ -1,18 +1,18 @@
 /* Pointwise regions of the reverse sweep.
  *
- * Under a recomputing policy a chain of elementwise ops saves nothing, and
- * the plain sweep rematerialises each dropped value as a whole tensor
- * before the backward that reads it: every recomputed value and every
- * intermediate gradient makes a round trip through memory. When the sweep
- * meets a run of consecutive recompute nodes whose ops are marked
+ * A chain of elementwise ops over large tensors makes the plain sweep
+ * stream whole tensors through memory once per op: every intermediate
+ * gradient is written out and read back, and under a recomputing policy
+ * every dropped value is rematerialised whole before the backward that
+ * reads it. When the sweep meets a run of nodes whose ops are marked
  * TG_OP_POINTWISE (element k of the output depends on element k of each
  * input, and the same holds for the backward), all of the same element
  * count, it runs the whole run here instead, one block of elements at a
- * time: for each block it recomputes the values the backward needs, then
- * runs the nodes' backward functions in the sweep's order, with blocks
- * small enough (64 KiB per tensor) that the values and gradients stay in
- * cache. Only the gradients that leave the run (for its inputs) are
- * written out whole.
+ * time: for each block it recomputes the values the backward needs (for
+ * recompute nodes), slices what saving nodes saved, then runs the nodes'
+ * backward functions in the sweep's order, with blocks small enough
+ * (64 KiB per tensor) that the values and gradients stay in cache. Only
+ * the gradients that leave the run (for its inputs) are written out whole.
  *
  * Every element sees the same operations, with the same operands, in the
  * same order as in the plain sweep (the same forward and backward
@@ -24,11 +24,10 @@
  * no extra tensors, its output has the run's dtype and element count, and
  * each input has that element count too or is a single element that needs
  * no gradient (a broadcast scalar, whose gradient would be a reduction
- * across blocks). Nodes that saved (an op with an untracked input saves
- * under BALANCED) join too: their saved tensors are sliced like the rest.
- * The run is started by a recompute node and stops at the first node that
- * does not qualify; being a contiguous range of the record, every
- * consumer of its values is inside it or was processed before it. */
+ * across blocks); saving and recompute nodes alike. The scan stops at the
+ * first node that neither joins nor can be hoisted (see tg__region_find),
+ * so every consumer of the run's values is inside it, hoisted, or was
+ * processed before it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,17 +42,13 @@ static int64_t spec_numel(const tg_spec *sp)
 
 static int64_t block_elems(tg_dtype dt)
 {
-    static int64_t bb = 0; if (!bb) { const char *e = getenv("TG_BB"); bb = e ? atoll(e) : REGION_BLOCK_BYTES; }
-    return bb / (int64_t)tg__esize(dt);
+    return REGION_BLOCK_BYTES / (int64_t)tg__esize(dt);
 }
 
 static bool joins(const tg_node *n, tg_dtype dt, int64_t numel)
 {
     if (n->consumed || !(n->op->flags & TG_OP_POINTWISE) || !n->op->backward || n->remake_extra)
         return false;
-    /* A saving node joins when its value can be had without its producers:
-     * kept whole, or re-run from its saved inputs. */
-    if (!n->recompute && !n->ckpt && !n->out_saved && !tg__node_saves_inputs(n)) return false;
     if (n->out_spec.dtype != dt || spec_numel(&n->out_spec) != numel) return false;
     for (int i = 0; i < n->nin; i++) {
         int64_t m = spec_numel(&n->in_spec[i]);
@@ -84,7 +79,8 @@ int64_t tg__region_find(sweep_state *s, int64_t top, int64_t *hoist, int *nhoist
     tg_dtype dt = n->out_spec.dtype;
     int64_t numel = spec_numel(&n->out_spec);
     *nhoist = 0;
-    if (!n->recompute || numel < 2 * block_elems(dt) || !joins(n, dt, numel)) return top;
+    if (s->tape->opts.plain_backward || numel < 2 * block_elems(dt) || !joins(n, dt, numel))
+        return top;
     int64_t members[TG_REGION_SPAN];
     int nmem = 1, nh = 0;
     members[0] = top;
@@ -194,8 +190,9 @@ static tg_status plan(region *r, tg_tensor *g)
         rnode *rn = &r->nodes[k];
         tg_node *n = rn->n;
         int64_t idx = rn->idx;
-        if (n->ckpt || n->out_saved || s->vals[idx]) {
-            tg_tensor *w = n->ckpt ? n->ckpt : n->out_saved ? n->out_saved : s->vals[idx];
+        tg_tensor *had = s->vals ? s->vals[idx] : NULL;
+        if (n->ckpt || n->out_saved || had) {
+            tg_tensor *w = n->ckpt ? n->ckpt : n->out_saved ? n->out_saved : had;
             st = sliceable(r, w, false, &rn->full);
             if (st) break;
         }
