@@ -256,6 +256,58 @@ Test(checkpoint, mlp_gradients_match_under_every_policy)
     tg_tensor_release(y);
 }
 
+/* A small CNN, f64: conv 1->4 3x3 pad 1, batch norm (batch statistics),
+ * relu, max pool 2; conv 4->6 3x3, relu, avg pool 2; linear 24->10;
+ * cross-entropy. Segments: tg_checkpoint_sequential over the three
+ * stages. No running statistics, so every policy sees the same state. */
+static tg_tensor *cnn_stage(void *ud, int l, tg_tensor *h)
+{
+    tg_tensor **p = ud;
+    const tg_pool2d_opts pool = {.kernel = {2, 2}};
+    if (l == 0) {
+        tg_tensor *c = tg_conv2d(h, p[0], p[1], &(tg_conv2d_opts){.padding = {1, 1}});
+        return tg_max_pool2d(tg_relu(tg_batch_norm(c, p[2], p[3], NULL, NULL, true, 0.1, 1e-5)),
+                             &pool);
+    }
+    if (l == 1) return tg_avg_pool2d(tg_relu(tg_conv2d(h, p[4], p[5], NULL)), &pool);
+    int64_t n = tg_tensor_dim(h, 0);
+    return tg_add(tg_matmul(tg_reshape(h, 2, SHAPE(n, 24)), p[6]), p[7]);
+}
+
+static tg_tensor *cnn(tg_tape *tape, int variant, tg_tensor **p, tg_tensor *x, tg_tensor *y)
+{
+    tg_tensor *logits = variant == SEGMENT
+                            ? tg_checkpoint_sequential(tape, 3, 0, cnn_stage, p, x)
+                            : cnn_stage(p, 2, cnn_stage(p, 1, cnn_stage(p, 0, x)));
+    return tg_cross_entropy(logits, y);
+}
+
+Test(checkpoint, cnn_gradients_match_under_every_policy)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 4);
+    tg_tensor *p[8] = {
+        tg_rand_normal(&rng, TG_F64, 4, SHAPE(4, 1, 3, 3), 0, 0.4),
+        tg_rand_normal(&rng, TG_F64, 1, SHAPE(4), 0, 0.1),
+        tg_rand_uniform(&rng, TG_F64, 1, SHAPE(4), 0.5, 1.5),
+        tg_rand_normal(&rng, TG_F64, 1, SHAPE(4), 0, 0.1),
+        tg_rand_normal(&rng, TG_F64, 4, SHAPE(6, 4, 3, 3), 0, 0.2),
+        tg_rand_normal(&rng, TG_F64, 1, SHAPE(6), 0, 0.1),
+        tg_rand_normal(&rng, TG_F64, 2, SHAPE(24, 10), 0, 0.3),
+        tg_rand_normal(&rng, TG_F64, 1, SHAPE(10), 0, 0.1),
+    };
+    tg_tensor *x = tg_rand_normal(&rng, TG_F64, 4, SHAPE(4, 1, 12, 12), 0, 1);
+    int64_t labels[4] = {3, 7, 0, 9};
+    tg_tensor *y = tg_tensor_from_data(TG_I64, 1, SHAPE(4), labels);
+    size_t none_peak = 0, seg_peak = 0;
+    compare_policies("cnn", cnn, 8, p, x, y, &none_peak, &seg_peak);
+    cr_expect_gt(none_peak, 0);
+    cr_expect_lt(seg_peak, none_peak, "segments kept %zu of %zu bytes", seg_peak, none_peak);
+    for (int i = 0; i < 8; i++) tg_tensor_release(p[i]);
+    tg_tensor_release(x);
+    tg_tensor_release(y);
+}
+
 /* LSTM cell unrolled over 32 steps: gates = x Wx + h Wh + b, split with
  * narrow; loss = mean of the squared final-step h plus every step's sum. */
 enum { T = 32, B = 2, D = 4, H = 6 };
