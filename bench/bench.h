@@ -47,6 +47,8 @@ void bench_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda,
 /* malloc of n floats filled with a small deterministic pattern (so raw
  * GEMMs never see NaN or denormals); NULL on OOM. */
 float *bench_floats(size_t n, float scale);
+/* Flops of an (m, k) x (k, n) product. */
+#define GEMM_FLOPS(m, n, k) (2.0 * (double)(m) * (double)(n) * (double)(k))
 /* Copies a contiguous f32 tensor into a new malloc'd buffer (NULL on error). */
 float *bench_copy_f32(tg_tensor *t);
 

@@ -215,7 +215,6 @@ static int stack_reference(void *p, double *loss, char *err, size_t errlen)
 }
 
 /* 2 m n k per GEMM. */
-#define GEMM_FLOPS(m, n, k) (2.0 * (double)(m) * (double)(n) * (double)(k))
 
 static const int mlp_dims[4] = {784, 512, 512, 10};
 

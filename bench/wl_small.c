@@ -363,6 +363,8 @@ typedef struct {
     tg_tensor *ys[RNN_T]; /* (B) i64: the next token */
     tg_tensor *h0;        /* (B, H) zeros */
     int64_t tok[RNN_T + 1][RNN_B];
+    /* Raw GEMM buffers: inputs, hidden states, weights, gradients. */
+    float *X, *Hs, *Wih, *Whh, *Wo, *Z, *dZ, *dH, *dWih, *dWhh, *dWo;
 } rnn_st;
 
 static void rnn_teardown(void *p)
@@ -376,6 +378,8 @@ static void rnn_teardown(void *p)
     tg_tensor_release(s->h0);
     tg_rnn_cell_free(s->cell);
     tg_linear_free(s->out);
+    float *bufs[] = {s->X, s->Hs, s->Wih, s->Whh, s->Wo, s->Z, s->dZ, s->dH, s->dWih, s->dWhh, s->dWo};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     tg_params_free(s->ps);
     free(s);
 }
@@ -402,11 +406,51 @@ static void *rnn_setup(char *err, size_t errlen)
         s->ys[t] = tg_tensor_from_data(TG_I64, 1, SHAPE(RNN_B), s->tok[t + 1]);
         ok = s->xs[t] && s->ys[t];
     }
+    s->X = bench_floats((size_t)RNN_T * RNN_B * RNN_V, 1.0f);
+    s->Hs = bench_floats((size_t)(RNN_T + 1) * RNN_B * RNN_H, 1.0f);
+    s->Wih = bench_floats((size_t)RNN_H * RNN_V, 0.1f);
+    s->Whh = bench_floats((size_t)RNN_H * RNN_H, 0.1f);
+    s->Wo = bench_floats((size_t)RNN_V * RNN_H, 0.1f);
+    s->Z = bench_floats((size_t)RNN_B * RNN_V, 1.0f);
+    s->dZ = bench_floats((size_t)RNN_B * RNN_V, 1.0f);
+    s->dH = bench_floats((size_t)RNN_B * RNN_H, 1.0f);
+    s->dWih = bench_floats((size_t)RNN_H * RNN_V, 1.0f);
+    s->dWhh = bench_floats((size_t)RNN_H * RNN_H, 1.0f);
+    s->dWo = bench_floats((size_t)RNN_V * RNN_H, 1.0f);
+    ok = ok && s->X && s->Hs && s->Wih && s->Whh && s->Wo && s->Z && s->dZ && s->dH && s->dWih &&
+         s->dWhh && s->dWo;
     if (!ok) {
         rnn_teardown(s);
         return setup_failed(err, errlen, "rnn setup");
     }
     return s;
+}
+
+/* The GEMMs tapegrad runs, with raw cblas_sgemm: per step x W_ih^T (the
+ * one-hot input as a dense (B, V) matrix, as tg_linear multiplies it),
+ * h W_hh^T and h W_o^T; backward, a dW for each of the three and a dX for
+ * the two whose input needs a gradient (not h0 at the first step). */
+static void rnn_gemm(void *p, bool backward)
+{
+    rnn_st *s = p;
+    const int B = RNN_B, V = RNN_V, H = RNN_H;
+    for (int t = 0; t < RNN_T; t++) {
+        float *x = s->X + (size_t)t * B * V, *h = s->Hs + (size_t)t * B * H;
+        float *h2 = s->Hs + (size_t)(t + 1) * B * H;
+        bench_sgemm(false, true, B, H, V, x, V, s->Wih, V, h2, H);
+        bench_sgemm(false, true, B, H, H, h, H, s->Whh, H, h2, H);
+        bench_sgemm(false, true, B, V, H, h2, H, s->Wo, H, s->Z, V);
+    }
+    if (!backward) return;
+    for (int t = RNN_T - 1; t >= 0; t--) {
+        float *x = s->X + (size_t)t * B * V, *h = s->Hs + (size_t)t * B * H;
+        float *h2 = s->Hs + (size_t)(t + 1) * B * H;
+        bench_sgemm(true, false, V, H, B, s->dZ, V, h2, H, s->dWo, H);
+        bench_sgemm(false, false, B, H, V, s->dZ, V, s->Wo, H, s->dH, H);
+        bench_sgemm(true, false, H, H, B, s->dH, H, h, H, s->dWhh, H);
+        if (t) bench_sgemm(false, false, B, H, H, s->dH, H, s->Whh, H, h, H);
+        bench_sgemm(true, false, H, V, B, s->dH, H, x, V, s->dWih, V);
+    }
 }
 
 static tg_params *rnn_params(void *p)
@@ -483,6 +527,15 @@ const bench_workload bench_wl_rnn = {
     .name = "rnn",
     .desc = "tanh RNN cell, one-hot vocab 64, hidden 128, 64 steps, batch 32, CE each step",
     .check_tol = 1e-4,
+    .gemm_desc = "192 forward, 192 dW, 127 dX",
+    .gemm_flops_fwd = RNN_T * (GEMM_FLOPS(RNN_B, RNN_H, RNN_V) + GEMM_FLOPS(RNN_B, RNN_H, RNN_H) +
+                               GEMM_FLOPS(RNN_B, RNN_V, RNN_H)),
+    .gemm_flops_all = RNN_T * 2 *
+                          (GEMM_FLOPS(RNN_B, RNN_H, RNN_V) + GEMM_FLOPS(RNN_B, RNN_H, RNN_H) +
+                           GEMM_FLOPS(RNN_B, RNN_V, RNN_H)) +
+                      (RNN_T - 1) * GEMM_FLOPS(RNN_B, RNN_H, RNN_H) +
+                      RNN_T * GEMM_FLOPS(RNN_B, RNN_H, RNN_V),
+    .gemm = rnn_gemm,
     .setup = rnn_setup,
     .params = rnn_params,
     .forward = rnn_forward,
