@@ -5,9 +5,10 @@
  *   deep:        16 x (Linear 1024 + ReLU), batch 256, f32, mean loss
  *   lstm:        LSTM cell, input 32, hidden 128, batch 32, 32 steps
  * Policies: none, balanced, budget (half of NONE's saved peak), segments
- * (tg_checkpoint_sequential, sqrt(n) groups; the elementwise chain as one
- * segment). Before timing, every policy's gradients are compared with
- * NONE's and must be bitwise equal. Usage: bench_policies [--quick] */
+ * (tg_checkpoint_sequential, sqrt(n) groups, the last a shorter unsegmented
+ * tail; the elementwise chain as one segment). Before timing, every
+ * policy's gradients are compared with NONE's and must be bitwise equal.
+ * Usage: bench_policies [--quick] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -69,12 +69,17 @@ tg_status tg_checkpoint_end(tg_tape *tape);
 typedef tg_tensor *(*tg_segment_fn)(void *userdata, int layer, tg_tensor *x);
 /* fn(userdata, 0, x) as one segment. */
 tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_tensor *x);
-/* Runs nlayers stages in sequence, grouped into nsegments segments (0:
- * ceil(sqrt(nlayers))) of ceil(nlayers / nsegments) stages, every group a
- * segment, so only the inputs of the groups are kept. Returns the last
- * stage's output. Intermediate outputs are
- * the stages' own (scope-owned inside a scope, else the caller must keep
- * their release in fn). */
+/* Runs nlayers stages in sequence, in k groups (k = nsegments; 0:
+ * ceil(sqrt(nlayers)); at most nlayers). The first k - 1 groups are
+ * segments, as equal in length as possible (the longer first); the last
+ * group, the tail, of max(1, ceil(nlayers / k) - 1) stages, is recorded
+ * outside any segment: it would be recomputed right after its forward, so
+ * it keeps what the tape's policy keeps (16 stages: segments 5, 4, 4, tail
+ * 3). k <= 1: no segment. The tape keeps the first group's input (if not a
+ * leaf), the boundaries between segments and the tail's saves. Returns the
+ * last stage's output. Intermediate outputs are the stages' own
+ * (scope-owned inside a scope, else the caller must keep their release in
+ * fn). */
 tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,
                                     void *userdata, tg_tensor *x);
 /* Forwards re-run by backward since the last reset (each recomputed value

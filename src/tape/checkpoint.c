@@ -196,6 +196,26 @@ tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_ten
     return y;
 }
 
+/* How tg_checkpoint_sequential groups n stages into k groups (nsegments,
+ * default ceil(sqrt(n)), at most n): the first k - 1 groups are segments,
+ * sizes as equal as possible (the longer first); the last group, the tail,
+ * is recorded outside any segment, as under the tape's policy, and has
+ * max(1, ceil(n / k) - 1) stages. k <= 1: no segment at all.
+ *
+ * Why the tail: its ops run last in the forward and first in backward, so
+ * recomputing them buys little (PyTorch's checkpoint_sequential does not
+ * either): backward would rematerialise them right away. Leaving it
+ * unsegmented saves one forward of tail stages in time. In saved bytes a
+ * segment costs its input (the previous group's output, kept as a
+ * boundary, or the retained data), while the tail keeps what NONE keeps
+ * for its stages, c boundary-sized values a stage (c = 2 for matmul ->
+ * add -> relu: matmul's input and relu's output). The saved peak is then
+ * (k - 1) + c * tail boundaries instead of k. A tail as long as a segment
+ * (PyTorch's choice) costs no more at backward's peak than one segment's
+ * rematerialisation would, but its saves count for the whole step; one
+ * stage shorter keeps the saved peak of a 16-stage Linear + ReLU stack at
+ * 9 of NONE's 32 activations (under a third; segments 5, 4, 4, tail 3),
+ * for 13 stages recomputed instead of 16. */
 tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,
                                     void *userdata, tg_tensor *x)
 {
@@ -208,26 +228,24 @@ tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, t
         tg__err(TG_ERR_INVALID, "bad argument #2 to 'checkpoint_sequential' (%d layers)", nlayers);
         return NULL;
     }
-    if (nsegments <= 0) nsegments = (int)ceil(sqrt((double)nlayers));
-    if (nsegments < 1) nsegments = 1;
-    int per = (nlayers + nsegments - 1) / nsegments;
-    tg_tensor *h = x;
-    bool open = false;
-    for (int l = 0; l < nlayers && h; l++) {
-        /* Every group is a segment, the last one too: keeping the last
-         * group's activations would save one forward of it in time but
-         * hold a whole group's worth of saved bytes. */
-        if (l % per == 0) {
-            if (tg_checkpoint_begin(tape)) return NULL;
-            open = true;
-        }
-        h = fn(userdata, l, h);
-        if (open && (l % per == per - 1 || l == nlayers - 1)) {
-            tg_checkpoint_end(tape);
-            open = false;
-        }
+    int k = nsegments > 0 ? nsegments : (int)ceil(sqrt((double)nlayers));
+    if (k > nlayers) k = nlayers;
+    int nseg = 0, tail = nlayers;
+    if (k > 1) {
+        int per = (nlayers + k - 1) / k;
+        nseg = k - 1;
+        tail = per > 1 ? per - 1 : 1;
     }
-    if (open) tg_checkpoint_end(tape); /* fn failed inside a segment */
+    int body = nlayers - tail; /* >= nseg: every segment gets a stage */
+    tg_tensor *h = x;
+    int l = 0;
+    for (int g = 0; g < nseg && h; g++) {
+        int end = l + body / nseg + (g < body % nseg);
+        if (tg_checkpoint_begin(tape)) return NULL;
+        for (; l < end && h; l++) h = fn(userdata, l, h);
+        tg_checkpoint_end(tape);
+    }
+    for (; l < nlayers && h; l++) h = fn(userdata, l, h); /* the tail */
     return h;
 }
 
