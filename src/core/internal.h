@@ -3,6 +3,10 @@
 #ifndef TG_CORE_INTERNAL_H
 #define TG_CORE_INTERNAL_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
 #include <tapegrad.h>
 
 #if defined(__GNUC__)
@@ -29,6 +33,8 @@ typedef struct tg_storage {
 
 struct tg_tape;
 
+/* Every field before own_storage is set by header_new (tensor.c), one by
+ * one: a new field needs a line there. */
 struct tg_tensor {
     int32_t refcount;
     tg_dtype dtype;
@@ -83,6 +89,10 @@ TG_INTERNAL tg_tensor *tg__tensor_empty_spec(const tg_spec *spec, tg_backend bac
 /* New header sharing t's storage with the given shape/strides/offset. */
 TG_INTERNAL tg_tensor *tg__tensor_view(const tg_tensor *t, int ndim, const int64_t *shape,
                                        const int64_t *strides, int64_t offset);
+/* New header sharing t's storage and layout, untracked (no tape, slot,
+ * grad or leaf marks): tg__tensor_view(t, t->ndim, t->shape, t->strides,
+ * t->offset), without recomputing the layout. */
+TG_INTERNAL tg_tensor *tg__tensor_alias(const tg_tensor *t);
 /* Element sizes by dtype, and the first element of t (hot: inlined). */
 static inline size_t tg__esize(tg_dtype dt)
 {
@@ -93,11 +103,44 @@ static inline void *tg__tensor_ptr(const tg_tensor *t)
 {
     return (char *)t->storage->data + (size_t)t->offset * tg__esize(t->dtype);
 }
-TG_INTERNAL int64_t tg__numel(int ndim, const int64_t *shape);
-TG_INTERNAL void tg__contig_strides(int ndim, const int64_t *shape, int64_t *strides);
-TG_INTERNAL bool tg__is_float(tg_dtype dt);
-TG_INTERNAL void tg__spec_of(const tg_tensor *t, tg_spec *spec);
-TG_INTERNAL bool tg__same_shape(int na, const int64_t *a, int nb, const int64_t *b);
+/* Called on every op (dispatch, record, backward): inlined. */
+static inline int64_t tg__numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+static inline void tg__contig_strides(int ndim, const int64_t *shape, int64_t *strides)
+{
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+}
+
+static inline bool tg__is_float(tg_dtype dt)
+{
+    return dt == TG_F32 || dt == TG_F64;
+}
+
+/* The whole shape array is copied (dims past ndim are 0 in every tensor),
+ * so specs compare and print the same however they were made. */
+static inline void tg__spec_of(const tg_tensor *t, tg_spec *spec)
+{
+    spec->dtype = t->dtype;
+    spec->ndim = t->ndim;
+    memcpy(spec->shape, t->shape, sizeof spec->shape);
+}
+
+static inline bool tg__same_shape(int na, const int64_t *a, int nb, const int64_t *b)
+{
+    if (na != nb) return false;
+    for (int i = 0; i < na; i++)
+        if (a[i] != b[i]) return false;
+    return true;
+}
 /* Validates creation arguments (ndim, shape, dtype); records errors as op. */
 TG_INTERNAL tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape);
 TG_INTERNAL tg_status tg__check_dtype(const char *op, tg_dtype dtype);
@@ -112,5 +155,12 @@ TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
 /* ---- dispatch hooks the tape uses without including dispatch
  * (src/dispatch/registry.c) */
 TG_INTERNAL void tg__registry_init(void);
+/* Set (release) once the built-ins are registered. */
+TG_INTERNAL extern _Atomic bool tg__registry_done;
+/* tg__registry_init on the first call only: one acquire load per op. */
+static inline void tg__registry_ready(void)
+{
+    if (!atomic_load_explicit(&tg__registry_done, memory_order_acquire)) tg__registry_init();
+}
 
 #endif

@@ -41,35 +41,6 @@ tg_backend tg_default_backend(void)
     return default_backend;
 }
 
-bool tg__is_float(tg_dtype dt)
-{
-    return dt == TG_F32 || dt == TG_F64;
-}
-
-int64_t tg__numel(int ndim, const int64_t *shape)
-{
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    return n;
-}
-
-void tg__contig_strides(int ndim, const int64_t *shape, int64_t *strides)
-{
-    int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        strides[i] = s;
-        s *= shape[i] > 0 ? shape[i] : 1;
-    }
-}
-
-bool tg__same_shape(int na, const int64_t *a, int nb, const int64_t *b)
-{
-    if (na != nb) return false;
-    for (int i = 0; i < na; i++)
-        if (a[i] != b[i]) return false;
-    return true;
-}
-
 char *tg_shape_str(int ndim, const int64_t *shape, char *buf, size_t len)
 {
     size_t used = 0;
@@ -126,18 +97,39 @@ static void header_free(tg_tensor *t)
         free(t);
 }
 
+/* A header with every field zero but refcount 1, slot and node -1. The
+ * fields are set one by one: a memset of the whole header compiles to a
+ * `rep stos`, whose start-up alone costs more than the stores. The small
+ * data buffer at the end needs no zeroing; the storage is set by the
+ * caller (tg__tensor_empty fills own_storage, a view points at its
+ * base's), so own_storage is left as it is too. */
 static tg_tensor *header_new(void)
 {
-    /* The small data buffer at the end needs no zeroing. */
     tg_tensor *t = nfree_headers ? free_headers[--nfree_headers] : malloc(sizeof *t);
     if (!t) {
         tg__err(TG_ERR_NOMEM, "out of memory allocating a tensor header");
         return NULL;
     }
-    memset(t, 0, offsetof(tg_tensor, small));
     t->refcount = 1;
+    t->dtype = TG_F32;
+    t->backend = TG_BACKEND_REF;
+    t->ndim = 0;
+    for (int i = 0; i < TG_MAX_DIMS; i++) {
+        t->shape[i] = 0;
+        t->strides[i] = 0;
+    }
+    t->numel = 0;
+    t->offset = 0;
+    t->contiguous = false;
+    t->scope_owned = false;
+    t->storage = NULL;
+    t->tape = NULL;
+    t->gen = 0;
     t->slot = -1;
     t->node = -1;
+    t->is_leaf = false;
+    t->leaf_view = false;
+    t->grad = NULL;
     return t;
 }
 
@@ -152,7 +144,7 @@ tg_tensor *tg__tensor_empty(tg_dtype dtype, int ndim, const int64_t *shape, tg_b
     tg__contig_strides(ndim, shape, t->strides);
     t->numel = tg__numel(ndim, shape);
     t->contiguous = true;
-    size_t nbytes = (size_t)t->numel * tg_dtype_size(dtype);
+    size_t nbytes = (size_t)t->numel * tg__esize(dtype); /* dtype is valid here */
     tg_storage *st = &t->own_storage;
     st->inline_data = nbytes <= TG_SMALL_BYTES;
     if (st->inline_data) {
@@ -203,12 +195,35 @@ tg_tensor *tg__tensor_view(const tg_tensor *src, int ndim, const int64_t *shape,
     return t;
 }
 
-
-void tg__spec_of(const tg_tensor *t, tg_spec *spec)
+tg_tensor *tg__tensor_alias(const tg_tensor *src)
 {
-    spec->dtype = t->dtype;
-    spec->ndim = t->ndim;
-    memcpy(spec->shape, t->shape, sizeof spec->shape);
+    tg_tensor *t = nfree_headers ? free_headers[--nfree_headers] : malloc(sizeof *t);
+    if (!t) {
+        tg__err(TG_ERR_NOMEM, "out of memory allocating a tensor header");
+        return NULL;
+    }
+    /* src's layout as it is (shape and strides past ndim are 0 there too),
+     * none of its autodiff state. */
+    t->refcount = 1;
+    t->dtype = src->dtype;
+    t->backend = src->backend;
+    t->ndim = src->ndim;
+    memcpy(t->shape, src->shape, sizeof t->shape);
+    memcpy(t->strides, src->strides, sizeof t->strides);
+    t->numel = src->numel;
+    t->offset = src->offset;
+    t->contiguous = src->contiguous;
+    t->scope_owned = false;
+    t->storage = src->storage;
+    t->tape = NULL;
+    t->gen = 0;
+    t->slot = -1;
+    t->node = -1;
+    t->is_leaf = false;
+    t->leaf_view = false;
+    t->grad = NULL;
+    t->storage->refcount++;
+    return t;
 }
 
 tg_tensor *tg_tensor_retain(tg_tensor *t)

@@ -17,9 +17,10 @@ tg_tensor *tg__contiguous_raw(tg_tensor *t)
 }
 
 /* Checks that every input is present, on one backend and one live tape.
- * Sets tracked[i] and *tape. */
-static tg_status validate(const tg_op *op, int n, tg_tensor *const *in, bool *tracked,
-                          tg_tape **tape)
+ * Sets tracked[i] and *tape. Inlined into tg_op_call: the loops are over
+ * at most TG_OP_MAX_INPUTS inputs. */
+static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, bool *tracked,
+                                 tg_tape **tape)
 {
     *tape = NULL;
     for (int i = 0; i < n; i++)
@@ -33,14 +34,18 @@ static tg_status validate(const tg_op *op, int n, tg_tensor *const *in, bool *tr
                                tg_backend_name(in[i]->backend), tg_backend_name(in[0]->backend));
     }
     bool recording = !tg__grad_disabled && !op->nondifferentiable;
+    for (int i = 0; i < n; i++) tracked[i] = false;
+    if (!recording) return TG_OK;
     for (int i = 0; i < n; i++) {
-        tracked[i] = false;
-        if (!in[i]->tape || !recording) continue;
-        if (!tg__tensor_live(in[i])) return tg__err_stale(op->name, i + 1, in[i]);
-        if (*tape && *tape != in[i]->tape)
+        const tg_tensor *t = in[i];
+        if (!t->tape) continue;
+        /* tg__tensor_live, inlined */
+        if (t->tape->dead || (!t->is_leaf && t->gen != t->tape->gen))
+            return tg__err_stale(op->name, i + 1, t);
+        if (*tape && *tape != t->tape)
             return tg__err(TG_ERR_TAPE, "bad argument #%d to '%s' (recorded on a different tape "
                                         "than an earlier argument)", i + 1, op->name);
-        *tape = in[i]->tape;
+        *tape = t->tape;
         tracked[i] = true;
     }
     if (*tape && !op->backward) {
@@ -60,7 +65,7 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
         tg__err(TG_ERR_NULL, "bad argument #1 to 'op_call' (NULL op)");
         return NULL;
     }
-    tg__registry_init();
+    tg__registry_ready();
     if (n != op->arity || (n > 0 && !in)) {
         tg__err(TG_ERR_INVALID, "bad argument #2 to 'op_call' ('%s' takes %d inputs, got %d)",
                 op->name, op->arity, n);
@@ -80,14 +85,23 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
         return NULL;
     }
 
+    /* Forward reads contiguous inputs: the caller's own tensors where they
+     * are (borrowed: the caller holds them for the call), copies of
+     * strided views (owned, bit i of copied). */
     tg_tensor *args[TG_OP_MAX_INPUTS];
+    unsigned copied = 0;
     for (int i = 0; i < n; i++) {
-        args[i] = (op->flags & TG_OP_STRIDED_INPUTS) ? tg_tensor_retain(in[i])
-                                                     : tg__contiguous_raw(in[i]);
+        if (in[i]->contiguous || (op->flags & TG_OP_STRIDED_INPUTS)) {
+            args[i] = in[i];
+            continue;
+        }
+        args[i] = tg__contiguous_raw(in[i]);
         if (!args[i]) {
-            while (i--) tg_tensor_release(args[i]);
+            while (i--)
+                if (copied & (1u << i)) tg_tensor_release(args[i]);
             return NULL;
         }
+        copied |= 1u << i;
     }
     tg_tensor *extra[TG_OP_MAX_EXTRA] = {0};
     int nextra = 0;
@@ -129,7 +143,9 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     }
     if (!out && tg_last_error() == TG_OK) tg__err(TG_ERR_INTERNAL, "forward of '%s' failed", op->name);
     for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);
-    for (int i = 0; i < n; i++) tg_tensor_release(args[i]);
+    if (copied)
+        for (int i = 0; i < n; i++)
+            if (copied & (1u << i)) tg_tensor_release(args[i]);
     return tg__scope_track(out);
 }
 

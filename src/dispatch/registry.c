@@ -13,10 +13,13 @@ static int nops;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
+_Atomic bool tg__registry_done;
+
 static void init(void)
 {
     tg__backend_init();
     for (int i = 0; tg__builtin_ops[i] && nops < MAX_OPS; i++) ops[nops++] = tg__builtin_ops[i];
+    atomic_store_explicit(&tg__registry_done, true, memory_order_release);
 }
 
 void tg__registry_init(void)
