@@ -371,13 +371,9 @@ Test(checkpoint, cnn_gradients_match_under_every_policy)
 
 /* Every stage its own segment puts segment boundaries at max_pool2d's
  * output (its forward keeps the argmax indices as an extra) and at the
- * linear's add. Disabled: backward reads the boundary's kept output
- * instead of re-running the forward, so max_pool2d's indices are never
- * made again and its backward fails with "bad argument #1 to
- * 'max_pool2d_backward' (NULL tensor)". The fix is in backward.c's
- * run_node: a recompute node with remake_extra re-runs its forward even
- * where its output is kept. */
-Test(checkpoint, cnn_with_a_segment_boundary_after_max_pool, .disabled = true)
+ * linear's add. Backward keeps the boundary's output but re-runs
+ * max_pool2d's forward for the indices its backward reads. */
+Test(checkpoint, cnn_with_a_segment_boundary_after_max_pool)
 {
     cnn_each_stage = true;
     check_cnn();

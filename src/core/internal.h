@@ -89,10 +89,6 @@ TG_INTERNAL tg_tensor *tg__tensor_empty_spec(const tg_spec *spec, tg_backend bac
 /* New header sharing t's storage with the given shape/strides/offset. */
 TG_INTERNAL tg_tensor *tg__tensor_view(const tg_tensor *t, int ndim, const int64_t *shape,
                                        const int64_t *strides, int64_t offset);
-/* New header sharing t's storage and layout, untracked (no tape, slot,
- * grad or leaf marks): tg__tensor_view(t, t->ndim, t->shape, t->strides,
- * t->offset), without recomputing the layout. */
-TG_INTERNAL tg_tensor *tg__tensor_alias(const tg_tensor *t);
 /* Element sizes by dtype, and the first element of t (hot: inlined). */
 static inline size_t tg__esize(tg_dtype dt)
 {

@@ -195,37 +195,6 @@ tg_tensor *tg__tensor_view(const tg_tensor *src, int ndim, const int64_t *shape,
     return t;
 }
 
-tg_tensor *tg__tensor_alias(const tg_tensor *src)
-{
-    tg_tensor *t = nfree_headers ? free_headers[--nfree_headers] : malloc(sizeof *t);
-    if (!t) {
-        tg__err(TG_ERR_NOMEM, "out of memory allocating a tensor header");
-        return NULL;
-    }
-    /* src's layout as it is (shape and strides past ndim are 0 there too),
-     * none of its autodiff state. */
-    t->refcount = 1;
-    t->dtype = src->dtype;
-    t->backend = src->backend;
-    t->ndim = src->ndim;
-    memcpy(t->shape, src->shape, sizeof t->shape);
-    memcpy(t->strides, src->strides, sizeof t->strides);
-    t->numel = src->numel;
-    t->offset = src->offset;
-    t->contiguous = src->contiguous;
-    t->scope_owned = false;
-    t->storage = src->storage;
-    t->tape = NULL;
-    t->gen = 0;
-    t->slot = -1;
-    t->node = -1;
-    t->is_leaf = false;
-    t->leaf_view = false;
-    t->grad = NULL;
-    t->storage->refcount++;
-    return t;
-}
-
 tg_tensor *tg_tensor_retain(tg_tensor *t)
 {
     if (t) t->refcount++;

@@ -160,6 +160,11 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
         tg_tensor *out = NULL;
         if ((n->op->saves & TG_SAVE_OUTPUT) || n->remake_extra)
             st = tg__sweep_value_of(s, idx, &out);
+        /* A kept output (a checkpoint, or a segment's boundary) comes
+         * without the extras its forward keeps (max_pool2d's indices,
+         * batch_norm's statistics): run the forward again for them. */
+        if (!st && n->remake_extra && !s->vals[idx] && s->nextra[idx] == 0)
+            st = rematerialize(s, idx);
         if (!st) st = input_args(s, n, n->op->saves, args);
         if (st) return st;
         ctx.in = args;
