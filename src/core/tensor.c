@@ -102,7 +102,12 @@ static void header_free(tg_tensor *t)
  * `rep stos`, whose start-up alone costs more than the stores. The small
  * data buffer at the end needs no zeroing; the storage is set by the
  * caller (tg__tensor_empty fills own_storage, a view points at its
- * base's), so own_storage is left as it is too. */
+ * base's), so own_storage is left as it is too. GCC would turn the
+ * shape and stride loops back into a memset (and that into `rep stos`)
+ * unless told not to. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
 static tg_tensor *header_new(void)
 {
     tg_tensor *t = nfree_headers ? free_headers[--nfree_headers] : malloc(sizeof *t);

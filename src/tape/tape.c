@@ -226,18 +226,15 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         slots[i] = tracked[i] ? tg__tape_slot(in[i]) : -1;
         if (tracked[i] && slots[i] < 0) return TG_ERR_NOMEM;
     }
+    /* The output itself, retained: like a checkpoint, it holds the tape
+     * until tg_backward, tg_tape_reset or tg_tape_free releases the node's
+     * saves (a view per op would cost a header). */
     tg_tensor *alias = NULL;
-    if (!recompute && (op->saves & TG_SAVE_OUTPUT)) {
-        alias = tg__tensor_view(out, out->ndim, out->shape, out->strides, out->offset);
-        if (!alias) return TG_ERR_NOMEM;
-    }
+    if (!recompute && (op->saves & TG_SAVE_OUTPUT)) alias = out;
     if (tape->nnodes == tape->capnodes) {
         int64_t cap = tape->capnodes ? tape->capnodes * 2 : 64;
         tg_node *p = realloc(tape->nodes, (size_t)cap * sizeof *p);
-        if (!p) {
-            tg_tensor_release(alias);
-            return tg__err(TG_ERR_NOMEM, "out of memory growing the tape");
-        }
+        if (!p) return tg__err(TG_ERR_NOMEM, "out of memory growing the tape");
         tape->nodes = p;
         tape->capnodes = cap;
     }
@@ -261,7 +258,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i))) ? tg_tensor_retain(seen[i]) : NULL;
         charge(tape, n, tg__kept_bytes(n->in_saved[i]));
     }
-    n->out_saved = alias;
+    n->out_saved = tg_tensor_retain(alias);
     charge(tape, n, tg__tensor_bytes(alias));
     n->nextra = 0;
     for (int i = 0; i < nextra; i++) {

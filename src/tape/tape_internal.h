@@ -16,7 +16,7 @@ typedef struct tg_node {
     tg_spec out_spec;
     tg_backend backend;
     tg_tensor *in_saved[TG_OP_MAX_INPUTS];
-    tg_tensor *out_saved;                /* untracked alias of the output */
+    tg_tensor *out_saved;                /* the output, retained (TG_SAVE_OUTPUT) */
     tg_tensor *extra[TG_OP_MAX_EXTRA];
     int nextra;
     size_t saved_bytes;
