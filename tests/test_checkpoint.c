@@ -572,6 +572,58 @@ Test(checkpoint, sequential_segments_all_groups_but_a_shorter_unsegmented_tail)
     }
 }
 
+/* 32 tanh in a row under BALANCED: every one is a recompute node, so
+ * without a cut backward would rematerialise all 31 interior values before
+ * it could free one. The tape keeps one every 8 (after tanh 8, 16 and 24,
+ * and the last, read by sum): 4 values instead of NONE's 32, and backward
+ * holds at most the 7 values of one chain beyond them. */
+static void tanh_chain(int variant, size_t *saved_peak, size_t *backward_peak, double *g)
+{
+    enum { N = 1024, DEPTH = 32 };
+    tg_tensor *x = tg_arange(TG_F64, 0, N, 1);
+    tg_tensor *xs = tg_mul_scalar(x, 2.0 / N);
+    tg_tensor_release(x);
+    tg_tape *tape = tape_for(variant, 0);
+    cr_assert_eq(tg_requires_grad(tape, xs), TG_OK);
+    tg_tensor *h = tg_tensor_retain(xs);
+    for (int i = 0; i < DEPTH; i++) { /* released as we go: only the tape keeps values */
+        tg_tensor *next = tg_tanh(h);
+        cr_assert_not_null(next, "%s", tg_last_error_message());
+        tg_tensor_release(h);
+        h = next;
+    }
+    tg_tensor *loss = tg_sum(h);
+    tg_tensor_release(h);
+    *saved_peak = tg_tape_saved_peak_bytes(tape);
+    size_t base = tg_mem_current_bytes();
+    tg_mem_reset_peak();
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    *backward_peak = tg_mem_peak_bytes() - base;
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(xs), g, N * sizeof(double)), TG_OK);
+    tg_tensor_release(loss);
+    tg_tape_free(tape);
+    tg_tensor_release(xs);
+}
+
+Test(checkpoint, balanced_cuts_a_long_chain_of_recompute_nodes)
+{
+    enum { N = 1024 };
+    const size_t value = N * sizeof(double);
+    static double g_none[N], g_bal[N];
+    size_t saved_none, saved_bal, peak_none, peak_bal;
+    tanh_chain(NONE, &saved_none, &peak_none, g_none);
+    tanh_chain(BALANCED, &saved_bal, &peak_bal, g_bal);
+    cr_expect_eq(memcmp(g_none, g_bal, sizeof g_none), 0, "balanced gradients differ");
+    cr_expect_eq(saved_none, 32 * value, "none kept %zu bytes", saved_none);
+    cr_expect_eq(saved_bal, 4 * value, "balanced kept %zu bytes, expected 4 values",
+                 saved_bal);
+    /* the chain of 7 rematerialised values, the gradient flowing back and
+     * the one made from it, x's gradient; not the 31 values of the whole
+     * chain */
+    cr_expect_leq(peak_bal, 11 * value, "balanced backward peaked at %zu bytes (%zu values)",
+                  peak_bal, peak_bal / value);
+}
+
 Test(checkpoint, budget_below_the_minimum_fails_at_the_op_and_leaves_the_tape_usable)
 {
     tg_tape *tape = tape_for(BUDGET, 100);

@@ -249,6 +249,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->remake_extra = false;
     n->ckpt = NULL;
     n->segment = tape->segment_id;
+    n->chain = recompute ? 1 : 0;
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
         tg__spec_of(in[i], &n->in_spec[i]);
@@ -280,10 +281,19 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
                 /* A value leaving a segment is that segment's boundary:
                  * kept, so backward re-runs one segment at a time. */
                 bool boundary = p->recompute && p->segment && p->segment != n->segment;
-                if ((saving || boundary) && !p->ckpt && !p->out_saved) {
+                /* BALANCED, outside segments: a chain of recompute nodes
+                 * (an LSTM's cell state, step after step) is cut every
+                 * TG_BALANCED_MAX_CHAIN nodes, so backward never has to
+                 * rematerialise more than that many values back to a kept
+                 * one before it can free any. */
+                bool cut = p->recompute && !p->segment && !n->segment &&
+                           tape->opts.policy == TG_CHECKPOINT_BALANCED &&
+                           p->chain >= TG_BALANCED_MAX_CHAIN;
+                if ((saving || boundary || cut) && !p->ckpt && !p->out_saved) {
                     p->ckpt = tg_tensor_retain(in[i]);
                     charge(tape, p, tg__kept_bytes(in[i]));
                 }
+                if (p->recompute && !p->ckpt && p->chain + 1 > n->chain) n->chain = p->chain + 1;
             } else if (tracked[i]) {
                 n->in_val[i] = in[i]; /* a leaf: the leaf list holds it */
             } else {

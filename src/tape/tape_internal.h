@@ -32,7 +32,12 @@ typedef struct tg_node {
     bool in_val_owned[TG_OP_MAX_INPUTS];
     tg_tensor *ckpt;                     /* output kept for recompute consumers */
     int32_t segment;                     /* checkpoint segment id, 0 outside any */
+    int32_t chain;                       /* BALANCED: recompute nodes back to a kept value */
 } tg_node;
+
+/* BALANCED keeps the output of a recompute node that ends a chain of this
+ * many recompute nodes back to a kept value (see checkpoint.c). */
+#define TG_BALANCED_MAX_CHAIN 8
 
 struct tg_tape {
     int32_t refcount;   /* the user's handle + every tensor pointing here */
