@@ -1,8 +1,13 @@
 /* bench_policies: time and memory per checkpoint policy on the three
- * workloads of the checkpointing issue, each ratio taken against NONE in
- * the same run (medians of interleaved runs, CLOCK_MONOTONIC).
+ * workloads of the checkpointing issue and a wide MLP, each ratio taken
+ * against NONE in the same run (medians of interleaved runs,
+ * CLOCK_MONOTONIC). Memory: the tape's saved peak; the process's tensor
+ * peak with the forward held by one scope until after backward; the same
+ * with a lean forward that releases every intermediate once used; and
+ * the forwards backward re-ran.
  *   elementwise: sum(tanh(x*x + 1) * sigmoid(x)), x 1M f32 (a leaf)
  *   deep:        16 x (Linear 1024 + ReLU), batch 256, f32, mean loss
+ *   wide:        16 x (Linear 256 + ReLU), batch 2048, f32, mean loss
  *   lstm:        LSTM cell, input 32, hidden 128, batch 32, 32 steps
  * Policies: none, balanced, budget (half of NONE's saved peak), segments
  * (tg_checkpoint_sequential, sqrt(n) groups, the last a shorter unsegmented
@@ -104,6 +109,8 @@ static tg_tensor *lean_stage(void *ud, int l, tg_tensor *h)
     return out;
 }
 
+static int64_t last_recomputes; /* forwards the last run's backward re-ran */
+
 static tg_tensor *stages(tg_tape *tape, workload *w, int pol, bool lean, int n, tg_segment_fn fn)
 {
     lean_inner = fn;
@@ -140,7 +147,7 @@ static double run(workload *w, int pol, size_t budget, bool lean, size_t *saved,
         loss = pol == SEGMENTS ? tg_checkpoint(tape, f, w, w->x) : f(w, 0, w->x);
         if (lean) loss = tg_scope_keep(loss);
         last = loss;
-    } else if (!strcmp(w->name, "deep")) {
+    } else if (!strcmp(w->name, "deep") || !strcmp(w->name, "wide")) {
         last = stages(tape, w, pol, lean, 16, deep_layer);
         loss = tg_mean(last);
     } else {
@@ -149,6 +156,7 @@ static double run(workload *w, int pol, size_t budget, bool lean, size_t *saved,
         loss = tg_mean(tg_mul(hc, hc));
     }
     if (saved) *saved = tg_tape_saved_peak_bytes(tape);
+    int64_t recomputes_before = tg_tape_recompute_count(tape);
     if (!loss || tg_backward(loss)) {
         fprintf(stderr, "bench_policies: %s under %s: %s\n", w->name, pol_names[pol],
                 tg_last_error_message());
@@ -156,6 +164,7 @@ static double run(workload *w, int pol, size_t budget, bool lean, size_t *saved,
     }
     tg_scope_end();
     if (lean) tg_tensor_release(last); /* owned: kept out of the scopes */
+    last_recomputes = tg_tape_recompute_count(tape) - recomputes_before;
     double t = now_s() - t0;
     if (mem) *mem = tg_mem_peak_bytes() - base;
     if (grads) {
@@ -184,13 +193,17 @@ static void setup(workload *w, const char *name, tg_rng *rng)
         w->x = tg_rand_uniform(rng, TG_F32, 1, SHAPE(1 << 20), -2, 2);
         w->p[0] = w->x;
         w->nparams = 1;
-    } else if (!strcmp(name, "deep")) {
+    } else if (!strcmp(name, "deep") || !strcmp(name, "wide")) {
+        /* wide: activations (2 MB each) outweigh the weights (256 KB) */
+        bool deep = !strcmp(name, "deep");
+        int64_t width = deep ? 1024 : 256, batch = deep ? 256 : 2048;
         for (int l = 0; l < 16; l++) {
-            w->p[2 * l] = tg_rand_normal(rng, TG_F32, 2, SHAPE(1024, 1024), 0, sqrt(2.0 / 1024));
-            w->p[2 * l + 1] = tg_zeros(TG_F32, 1, SHAPE(1024));
+            w->p[2 * l] = tg_rand_normal(rng, TG_F32, 2, SHAPE(width, width), 0,
+                                         sqrt(2.0 / (double)width));
+            w->p[2 * l + 1] = tg_zeros(TG_F32, 1, SHAPE(width));
         }
         w->nparams = 32;
-        w->x = tg_rand_normal(rng, TG_F32, 2, SHAPE(256, 1024), 0, 1);
+        w->x = tg_rand_normal(rng, TG_F32, 2, SHAPE(batch, width), 0, 1);
     } else {
         w->ps = tg_params_new();
         w->cell = tg_lstm_cell_new(w->ps, "lstm", 32, 128, TG_F32, rng);
@@ -225,21 +238,26 @@ int main(int argc, char **argv)
 {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     int runs = quick ? 3 : 11;
-    static const char *const names[3] = {"elementwise", "deep", "lstm"};
+    static const char *const names[4] = {"elementwise", "deep", "wide", "lstm"};
     tg_rng rng;
     tg_rng_seed(&rng, 7);
     printf("checkpoint policies: median of %d interleaved runs, f32, cpu backend, allocator %s%s\n",
            runs, tg_mem_allocator(), quick ? " (quick: not a measurement)" : "");
-    printf("%-12s %-9s %10s %8s %14s %14s %12s\n", "workload", "policy", "fwd+bwd ms", "x none",
-           "saved peak MB", "tensor peak MB", "lean peak MB");
-    for (int k = 0; k < 3; k++) {
+    printf("%-12s %-9s %10s %8s %14s %14s %12s %10s\n", "workload", "policy", "fwd+bwd ms",
+           "x none", "saved peak MB", "tensor peak MB", "lean peak MB", "recomputes");
+    for (int k = 0; k < 4; k++) {
         workload w;
         setup(&w, names[k], &rng);
         size_t saved[NPOL], mem[NPOL];
         double *g[NPOL];
         run(&w, NONE, 0, false, &saved[NONE], &mem[NONE], &g[NONE]);
         size_t budget = saved[NONE] / 2;
-        for (int p = 1; p < NPOL; p++) run(&w, p, budget, false, &saved[p], &mem[p], &g[p]);
+        int64_t remade[NPOL];
+        remade[NONE] = last_recomputes;
+        for (int p = 1; p < NPOL; p++) {
+            run(&w, p, budget, false, &saved[p], &mem[p], &g[p]);
+            remade[p] = last_recomputes;
+        }
         size_t lean[NPOL];
         for (int p = 0; p < NPOL; p++) {
             double *gl;
@@ -268,8 +286,9 @@ int main(int argc, char **argv)
             med[p] = t[p][runs / 2];
         }
         for (int p = 0; p < NPOL; p++)
-            printf("%-12s %-9s %10.3f %8.3f %14.3f %14.3f %12.3f\n", names[k], pol_names[p],
-                   1e3 * med[p], med[p] / med[NONE], saved[p] / 1e6, mem[p] / 1e6, lean[p] / 1e6);
+            printf("%-12s %-9s %10.3f %8.3f %14.3f %14.3f %12.3f %10lld\n", names[k], pol_names[p],
+                   1e3 * med[p], med[p] / med[NONE], saved[p] / 1e6, mem[p] / 1e6, lean[p] / 1e6,
+                   (long long)remade[p]);
         teardown(&w);
     }
     return 0;
