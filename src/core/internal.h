@@ -11,7 +11,9 @@
 
 #if defined(__GNUC__)
 #define TG_INTERNAL __attribute__((visibility("hidden")))
-#define TG_THREAD_LOCAL _Thread_local
+/* initial-exec: a direct %fs-relative access instead of a __tls_get_addr
+ * call per access in the shared library (which is linked, not dlopen'd). */
+#define TG_THREAD_LOCAL _Thread_local __attribute__((tls_model("initial-exec")))
 #else
 #define TG_INTERNAL
 #define TG_THREAD_LOCAL _Thread_local

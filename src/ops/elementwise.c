@@ -1,7 +1,10 @@
 /* Elementwise ops: broadcasting binary arithmetic, unary maps, scalar
  * forms and comparisons, each with its backward. Unary backward runs one
  * fused kernel per op (gx = gy * f'(s)), registered as its own op
- * "<name>_backward" so it goes through dispatch like everything else. */
+ * "<name>_backward" (differentiable ops built from it, user backward
+ * functions and the backend tests call it through dispatch); the unary
+ * ops' own backward runs that kernel directly where its operands are
+ * contiguous (see fused_bwd). */
 #include "ops/sample.h"
 
 /* ---- fused unary backward ops: (s, gy) -> gx, s the saved input/output.
@@ -18,14 +21,20 @@ static tg_status grad_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor
     return TG_OK;
 }
 
+/* gx = gy * f'(s) into gx, all three contiguous, of one dtype and shape. */
+static void run_grad_kernel(tg_kernel_id kid, const tg_tensor *s, const tg_tensor *gy,
+                            tg_tensor *gx, double scalar)
+{
+    tg__run_grad(TG_KERNEL(tg_grad_fn, kid, s), s->numel, tg__tensor_ptr(s), tg__tensor_ptr(gy),
+                 tg__tensor_ptr(gx), scalar, tg__esize(s->dtype));
+}
+
 #define GRAD_OP(lname, KID, math)                                                   \
     static tg_tensor *lname##_backward_fwd(tg_op_ctx *ctx, tg_tensor *const *in)    \
     {                                                                               \
         tg_tensor *gx = tg_op_ctx_new_output(ctx);                                  \
         if (!gx) return NULL;                                                       \
-        tg__run_grad(TG_KERNEL(tg_grad_fn, KID, in[0]), in[0]->numel,               \
-                     tg__tensor_ptr(in[0]), tg__tensor_ptr(in[1]), tg__tensor_ptr(gx), \
-                     ctx->attrs->scalar, tg__esize(in[0]->dtype));                  \
+        run_grad_kernel(KID, in[0], in[1], gx, ctx->attrs->scalar);                 \
         return gx;                                                                  \
     }                                                                               \
     const tg_op tg__op_##lname##_backward = {                                       \
@@ -51,11 +60,25 @@ static tg_tensor *unary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id k
     return y;
 }
 
-/* Backward through the fused op: s is the saved input or output. */
+/* Backward through the fused op: s is the saved input or output. The
+ * engine hands a backward a gout of its output's spec and s is the node's
+ * own, so when both are contiguous (and on one backend) the kernel runs
+ * here on a new tensor, without dispatch's checks and copies: on small
+ * tensors those cost more than the kernel. Otherwise (a broadcast
+ * gradient, say) through dispatch, which makes contiguous copies. */
 static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin, const tg_op *gop,
-                           bool from_output)
+                           tg_kernel_id kid, bool from_output)
 {
     tg_tensor *s = from_output ? tg_op_ctx_output(ctx) : tg_op_ctx_input(ctx, 0);
+    if (s && gout && s->contiguous && gout->contiguous && s->dtype == gout->dtype &&
+        s->backend == gout->backend &&
+        tg__same_shape(s->ndim, s->shape, gout->ndim, gout->shape)) {
+        tg_tensor *gx = tg__tensor_empty(s->dtype, s->ndim, s->shape, s->backend);
+        if (!gx) return tg_last_error();
+        run_grad_kernel(kid, s, gout, gx, ctx->attrs->scalar);
+        gin[0] = tg__scope_track(gx);
+        return TG_OK;
+    }
     gin[0] = tg__call2(gop, s, gout, ctx->attrs);
     return gin[0] ? TG_OK : tg_last_error();
 }
@@ -81,7 +104,7 @@ static int sample_unary(int k, tg_rng *rng, tg_tensor **in, double lo, double hi
     }                                                                               \
     static tg_status lname##_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)  \
     {                                                                               \
-        return fused_bwd(ctx, gout, gin, &tg__op_##lname##_backward, from_out);     \
+        return fused_bwd(ctx, gout, gin, &tg__op_##lname##_backward, KID##_GRAD, from_out); \
     }                                                                               \
     static int lname##_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)  \
     {                                                                               \
@@ -108,7 +131,7 @@ static tg_tensor *pow_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 }
 static tg_status pow_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
 {
-    return fused_bwd(ctx, gout, gin, &tg__op_pow_backward, false);
+    return fused_bwd(ctx, gout, gin, &tg__op_pow_backward, TG_K_POW_GRAD, false);
 }
 static int pow_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 {
