@@ -12,7 +12,8 @@ typedef struct tg_tape tg_tape;
  * gives the same gradients. */
 typedef enum tg_checkpoint_policy {
     TG_CHECKPOINT_NONE = 0, /* save everything each op's backward reads */
-    TG_CHECKPOINT_BALANCED, /* memory-bound ops save nothing: recomputed */
+    TG_CHECKPOINT_BALANCED, /* memory-bound ops save nothing: recomputed (a chain of
+                               8 of them keeps its last value) */
     TG_CHECKPOINT_BUDGET    /* keep saved bytes <= budget_bytes, recomputing */
 } tg_checkpoint_policy;
 
