@@ -9,8 +9,16 @@
 #include "dispatch/dispatch.h"
 
 #define MAX_THREADS 64
-/* Below this many bytes per part, a split costs more than it saves. */
+/* Below this many bytes per part, a split costs more than it saves: for
+ * kernels that compute (exp, tanh, sigmoid, log, pow), 128 KiB; for the
+ * ones that only stream memory (+, *, scalar forms, relu, most gradient
+ * maps), 4 MiB. On the 2-core VM this was tuned on, a second thread made
+ * 1M-float tanh 1.3-1.4x faster but 1M-float mul and add_scalar 5-10%
+ * slower: one core already takes the bandwidth its cache gives, and the
+ * split adds a hand-off. Above 4 MiB a part, data streams from memory,
+ * where more cores usually do draw more bandwidth. */
 #define MIN_PART_BYTES ((size_t)128 << 10)
+#define MIN_STREAM_PART_BYTES ((size_t)4 << 20)
 
 typedef void (*part_fn)(void *ctx, int part, int nparts);
 
@@ -111,11 +119,11 @@ static void run_parts(part_fn f, void *ctx, int nparts)
     pthread_mutex_unlock(&submit);
 }
 
-static int parts_for(int64_t n, size_t es)
+static int parts_for(int64_t n, size_t es, bool heavy)
 {
-    size_t bytes = (size_t)n * es;
-    if (bytes < 2 * MIN_PART_BYTES) return 1;
-    size_t p = bytes / MIN_PART_BYTES;
+    size_t bytes = (size_t)n * es, min = heavy ? MIN_PART_BYTES : MIN_STREAM_PART_BYTES;
+    if (bytes < 2 * min) return 1;
+    size_t p = bytes / min;
     return p > MAX_THREADS ? MAX_THREADS : (int)p;
 }
 
@@ -182,9 +190,10 @@ static void binary_part(void *ctx, int part, int nparts)
     j->bf(&sub, a, b, j->out + lo * row * j->es);
 }
 
-void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p, size_t es)
+void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p, size_t es,
+                   bool heavy)
 {
-    int parts = parts_for(n, es);
+    int parts = parts_for(n, es, heavy);
     if (parts == 1) {
         f(n, x, y, p);
         return;
@@ -194,9 +203,9 @@ void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p, s
 }
 
 void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx, double p,
-                  size_t es)
+                  size_t es, bool heavy)
 {
-    int parts = parts_for(n, es);
+    int parts = parts_for(n, es, heavy);
     if (parts == 1) {
         f(n, s, gy, gx, p);
         return;
@@ -209,7 +218,7 @@ void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const voi
                     size_t es)
 {
     bool splittable = bc->same || bc->b_scalar || bc->a_row || bc->b_row;
-    int parts = splittable ? parts_for(bc->n, es) : 1;
+    int parts = splittable ? parts_for(bc->n, es, false) : 1;
     if (parts == 1) {
         f(bc, a, b, out);
         return;

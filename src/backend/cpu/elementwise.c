@@ -13,8 +13,20 @@
 
 static tg_binary_fn ref_binary[TG_DTYPE_COUNT][6];
 
+/* The loops below are compiled for AVX-512, AVX2 and baseline x86-64, the
+ * CPU's best picked at load time (an ifunc). Their arithmetic is exact
+ * IEEE operations, not contracted into FMAs (ISO C mode), so every variant
+ * gives the same bits: unlike the math kernels (vmath.c), no choice of
+ * variant is exposed. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define TG_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TG_CLONES
+#endif
+
 #define DEF_BIN(name, KI, T, DT, expr)                                              \
-    static void name(const tg_bcast *bc, const void *av, const void *bv, void *ov)  \
+    TG_CLONES static void name(const tg_bcast *bc, const void *av, const void *bv, void *ov)  \
     {                                                                               \
         const T *a = av, *b = bv;                                                   \
         T *o = ov;                                                                  \
@@ -65,7 +77,7 @@ BIN_SET(float, f32, TG_F32)
 BIN_SET(double, f64, TG_F64)
 
 #define DEF_MAP(name, T, expr)                                                      \
-    static void name(int64_t n, const void *xv, void *yv, double p)                 \
+    TG_CLONES static void name(int64_t n, const void *xv, void *yv, double p)                 \
     {                                                                               \
         const T *x = xv;                                                            \
         T *y = yv;                                                                  \
@@ -78,7 +90,7 @@ BIN_SET(double, f64, TG_F64)
     }
 
 #define DEF_GRADMAP(name, T, expr)                                                  \
-    static void name(int64_t n, const void *sv, const void *gyv, void *gxv, double p) \
+    TG_CLONES static void name(int64_t n, const void *sv, const void *gyv, void *gxv, double p) \
     {                                                                               \
         const T *s = sv, *gy = gyv;                                                 \
         T *gx = gxv;                                                                \
