@@ -119,7 +119,7 @@ int tg_scope_depth(void);
 size_t tg_mem_current_bytes(void);
 size_t tg_mem_peak_bytes(void);
 void tg_mem_reset_peak(void);
-/* Freed buffers of 64 KiB or more are kept (up to 64 of them, 1 GiB in
+/* Freed buffers of 64 KiB or more are kept (up to 256 of them, 1 GiB in
  * all) for the next allocation of the same size, since training loops
  * reallocate the same sizes every step; the counters above do not include
  * them. tg_mem_trim hands them back to the allocator. */
