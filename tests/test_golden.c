@@ -672,7 +672,7 @@ static void run_on_backend(const graph_def *def, const golden *g, tg_backend be)
 
 static void run_graph(const graph_def *def)
 {
-    char path[1024], err[1024], names[512];
+    char path[1024], err[1200], names[512]; /* err holds path and a message */
     golden g;
     golden_path(def->name, path, sizeof path);
     bool loaded = golden_load(path, &g, err, sizeof err);
