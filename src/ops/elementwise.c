@@ -253,11 +253,27 @@ static tg_tensor *grad_times(tg_tensor *g, tg_tensor *v)
     return s ? tg_mul(v, s) : NULL;
 }
 
+/* a and b are one tensor's values (x * x): same data, layout and dtype. */
+static bool same_values(const tg_tensor *a, const tg_tensor *b)
+{
+    if (a == b) return true;
+    if (a->storage != b->storage || a->offset != b->offset || a->dtype != b->dtype ||
+        !tg__same_shape(a->ndim, a->shape, b->ndim, b->shape))
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->strides[d] != b->strides[d]) return false;
+    return true;
+}
+
 static tg_status mul_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     tg_tensor *a = tg_op_ctx_input(ctx, 0), *b = tg_op_ctx_input(ctx, 1);
     if (tg_op_ctx_needs_grad(ctx, 0)) gin[0] = unbroadcast(grad_times(g, b), tg_op_ctx_input_spec(ctx, 0));
-    if (tg_op_ctx_needs_grad(ctx, 1)) gin[1] = unbroadcast(grad_times(g, a), tg_op_ctx_input_spec(ctx, 1));
+    /* x * x: both gradients are g * x, the same products: made once. */
+    if (tg_op_ctx_needs_grad(ctx, 1) && gin[0] && same_values(a, b))
+        gin[1] = gin[0];
+    else if (tg_op_ctx_needs_grad(ctx, 1))
+        gin[1] = unbroadcast(grad_times(g, a), tg_op_ctx_input_spec(ctx, 1));
     return finish(gin, ctx);
 }
 
