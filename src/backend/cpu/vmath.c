@@ -53,10 +53,9 @@ static inline float blend(int32_t m, float x, float y)
 }
 
 #define VMATH_CORES(SFX, MADD)                                                          \
-    static inline float exp_core_##SFX(float x)                                     \
+    /* e^x for x in [-87.33654, 88.37626] (or NaN). */                              \
+    static inline float exp_clamped_##SFX(float x)                                  \
     {                                                                               \
-        x = blend(-(int32_t)(x > 88.37626f), 88.37626f, x);                         \
-        x = blend(-(int32_t)(x < -87.33654f), -87.33654f, x);                       \
         float fx = MADD(x, 1.44269504088896341f, 0.5f);                             \
         int32_t i = (int32_t)fx;                                                    \
         i -= (int32_t)((float)i > fx); /* floor */                                  \
@@ -71,6 +70,12 @@ static inline float blend(int32_t m, float x, float y)
         y = MADD(y * r, r, r) + 1.0f;                                               \
         return y * bits_f((i + 127) << 23);                                         \
     }                                                                               \
+    static inline float exp_core_##SFX(float x)                                     \
+    {                                                                               \
+        x = blend(-(int32_t)(x > 88.37626f), 88.37626f, x);                         \
+        x = blend(-(int32_t)(x < -87.33654f), -87.33654f, x);                       \
+        return exp_clamped_##SFX(x);                                                \
+    }                                                                               \
     static inline float tanh_core_##SFX(float x)                                    \
     {                                                                               \
         int32_t sign = f_bits(x) & INT32_MIN;                                       \
@@ -82,7 +87,9 @@ static inline float blend(int32_t m, float x, float y)
         p = MADD(p, z, 1.33314422036e-1f);                                            \
         p = MADD(p, z, -3.33332819422e-1f);                                            \
         float small = MADD(p * z, x, x);                                             \
-        float e = exp_core_##SFX(2.0f * a);                                         \
+        /* 2a >= 0 (or NaN): only the upper clamp can apply */                      \
+        float t = 2.0f * a;                                                         \
+        float e = exp_clamped_##SFX(blend(-(int32_t)(t > 88.37626f), 88.37626f, t)); \
         float big = bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                \
         return blend(-(int32_t)(a < 0.625f), small, big);                           \
     }
