@@ -215,3 +215,37 @@ Test(region, a_failing_backward_inside_a_region_leaves_the_leaves_untouched)
     }
     cr_expect_eq(tg_mem_current_bytes(), mem0);
 }
+
+/* With two threads the blocks of a run are split between them; the
+ * gradients are those of one thread bitwise, and a backward failing on
+ * the pool's thread reports its error on the caller's. */
+Test(region, blocks_on_two_threads_give_one_threads_gradients_and_errors)
+{
+    const int64_t n = 16 * 8192; /* f64: 16 blocks */
+    int prev = tg_num_threads();
+    const tg_checkpoint_policy pol[2] = {TG_CHECKPOINT_NONE, TG_CHECKPOINT_BALANCED};
+    for (int p = 0; p < 2; p++) {
+        tg_status st;
+        cr_assert_eq(tg_set_num_threads(1), TG_OK);
+        run_out one = run(pol[p], false, n, &st);
+        cr_assert_eq(st, TG_OK, "%s", tg_last_error_message());
+        cr_assert_eq(tg_set_num_threads(2), TG_OK);
+        for (int rep = 0; rep < 3; rep++) {
+            run_out two = run(pol[p], false, n, &st);
+            cr_assert_eq(st, TG_OK, "%s", tg_last_error_message());
+            expect_same(&one, &two, n, p ? "balanced, 2 threads" : "none, 2 threads");
+            free_out(&two);
+        }
+        size_t mem0 = tg_mem_current_bytes();
+        fail_backward = true;
+        run_out bad = run(pol[p], false, n, &st);
+        fail_backward = false;
+        cr_expect_eq(st, TG_ERR_INVALID, "policy %d: got %s", p, tg_strerror(st));
+        cr_expect(strstr(backward_msg, "ss_pointwise: backward refused") != NULL, "%s",
+                  backward_msg);
+        free_out(&bad);
+        cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked by the failed backward");
+        free_out(&one);
+    }
+    cr_assert_eq(tg_set_num_threads(prev), TG_OK);
+}

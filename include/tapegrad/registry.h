@@ -69,7 +69,9 @@ typedef int (*tg_sample_fn)(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *att
  * gradients likewise; forward and backward make no random draws and save
  * no extra tensors. Under a recomputing policy, backward may then run a
  * chain of such ops on cache-sized slices (1-d views of contiguous
- * elements, scalars as 0-d views) instead of whole tensors. */
+ * elements, scalars as 0-d views) instead of whole tensors, on several
+ * threads at once (disjoint slices): forward and backward must then keep
+ * no unsynchronised state of their own. */
 #define TG_OP_POINTWISE (1u << 2)
 
 struct tg_op {

@@ -21,7 +21,9 @@
 
 /* Data of one or more tensors (views share it). */
 typedef struct tg_storage {
-    int32_t refcount;
+    /* Atomic: a pointwise region's blocks on the pool's threads make views
+     * of one gradient or value at once. Tensor refcounts are per thread. */
+    _Atomic int32_t refcount;
     tg_backend backend;
     bool inline_data;  /* data lives in the owner's small buffer, not the allocator */
     size_t nbytes;
@@ -149,6 +151,15 @@ extern TG_THREAD_LOCAL bool tg__grad_disabled;
 /* ---- scopes (src/core/scope.c) */
 /* Hands t to the innermost scope if one is open. Returns t. */
 TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
+
+/* ---- the elementwise thread pool (src/dispatch/parallel.c) */
+/* Its size (tg_num_threads). */
+TG_INTERNAL int tg__pool_threads(void);
+/* Runs f(ctx, part, nparts) for every part, part 0 on the caller, the
+ * others on the pool's threads, and returns when all are done. nparts may
+ * come out smaller than asked (at most the pool's size): f gets the count
+ * that runs. One job at a time; f must not start another. */
+TG_INTERNAL void tg__pool_run(void (*f)(void *ctx, int part, int nparts), void *ctx, int nparts);
 
 /* ---- dispatch hooks the tape uses without including dispatch
  * (src/dispatch/registry.c) */

@@ -163,7 +163,7 @@ tg_tensor *tg__tensor_empty(tg_dtype dtype, int ndim, const int64_t *shape, tg_b
             return NULL;
         }
     }
-    st->refcount = 1;
+    atomic_init(&st->refcount, 1);
     st->backend = backend;
     st->nbytes = nbytes;
     st->block = t;
@@ -196,7 +196,7 @@ tg_tensor *tg__tensor_view(const tg_tensor *src, int ndim, const int64_t *shape,
     }
     if (t->contiguous) tg__contig_strides(ndim, shape, t->strides);
     t->storage = src->storage;
-    t->storage->refcount++;
+    atomic_fetch_add_explicit(&t->storage->refcount, 1, memory_order_relaxed);
     return t;
 }
 
@@ -213,7 +213,11 @@ void tg_tensor_release(tg_tensor *t)
     if (t->tape) tg__tape_unref(t->tape);
     tg_storage *st = t->storage;
     bool embeds = st->block == t;
-    if (--st->refcount == 0) {
+    /* Sole holder (the common case): no other thread can hold or take a
+     * reference, so no locked instruction. */
+    bool last = atomic_load_explicit(&st->refcount, memory_order_acquire) == 1 ||
+                atomic_fetch_sub_explicit(&st->refcount, 1, memory_order_acq_rel) == 1;
+    if (last) {
         if (st->inline_data)
             tg__mem_uncount(st->nbytes);
         else

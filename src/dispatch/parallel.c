@@ -119,6 +119,16 @@ static void run_parts(part_fn f, void *ctx, int nparts)
     pthread_mutex_unlock(&submit);
 }
 
+int tg__pool_threads(void)
+{
+    return tg_num_threads();
+}
+
+void tg__pool_run(void (*f)(void *ctx, int part, int nparts), void *ctx, int nparts)
+{
+    run_parts(f, ctx, nparts);
+}
+
 static int parts_for(int64_t n, size_t es, bool heavy)
 {
     size_t bytes = (size_t)n * es, min = heavy ? MIN_PART_BYTES : MIN_STREAM_PART_BYTES;

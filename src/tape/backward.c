@@ -294,7 +294,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             if (!g) continue;
             grads[leaf->slot] = NULL;
             if (!leaf->grad && (!g->contiguous || g->scope_owned || g->refcount > 1 ||
-                                g->storage->refcount > 1)) {
+                                atomic_load_explicit(&g->storage->refcount, memory_order_relaxed) > 1)) {
                 /* A leaf's gradient is contiguous and its own: never a view
                  * or a tensor someone else holds (the seed). */
                 tg_tensor *copy = tg__tensor_empty(g->dtype, g->ndim, g->shape, g->backend);

@@ -28,6 +28,7 @@
  * first node that neither joins nor can be hoisted (see tg__region_find),
  * so every consumer of the run's values is inside it, hoisted, or was
  * processed before it. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -409,6 +410,76 @@ static tg_status run_block(region *r, int64_t start, int64_t len)
     return st;
 }
 
+/* Blocks split across the elementwise pool: each part runs a contiguous
+ * range of blocks with its own copy of the region (the plan is read-only
+ * while blocks run; a block's values, gradients and sums are per copy),
+ * so every element sees the same operations in the same order as on one
+ * thread, and the parts write disjoint slices of the targets. */
+#define REGION_MAX_PARTS 8
+
+typedef struct {
+    region *part[REGION_MAX_PARTS];
+    int64_t nblocks, block;
+    tg_status st[REGION_MAX_PARTS];
+    char msg[REGION_MAX_PARTS][256];
+} region_job;
+
+static void region_part(void *ctx, int part, int nparts)
+{
+    region_job *j = ctx;
+    region *r = j->part[part];
+    bool prev = tg_grad_set_enabled(false); /* as on the sweep's thread */
+    int64_t lo = j->nblocks * part / nparts, hi = j->nblocks * (part + 1) / nparts;
+    tg_status st = TG_OK;
+    for (int64_t k = lo; k < hi && !st; k++) {
+        int64_t start = k * j->block;
+        st = run_block(r, start, r->numel - start < j->block ? r->numel - start : j->block);
+    }
+    tg_grad_set_enabled(prev);
+    j->st[part] = st;
+    if (st && part > 0) snprintf(j->msg[part], sizeof j->msg[part], "%s", tg_last_error_message());
+}
+
+static tg_status run_blocks(region *r, int64_t b)
+{
+    int64_t nblocks = (r->numel + b - 1) / b;
+    int nparts = tg__pool_threads();
+    if (nparts > REGION_MAX_PARTS) nparts = REGION_MAX_PARTS;
+    if (nparts > nblocks / 2) nparts = (int)(nblocks / 2); /* two blocks a part at least */
+    if (nparts <= 1) {
+        tg_status st = TG_OK;
+        for (int64_t start = 0; start < r->numel && !st; start += b)
+            st = run_block(r, start, r->numel - start < b ? r->numel - start : b);
+        return st;
+    }
+    region_job *j = calloc(1, sizeof *j);
+    if (!j) return tg__err(TG_ERR_NOMEM, "out of memory for a pointwise region");
+    j->nblocks = nblocks;
+    j->block = b;
+    j->part[0] = r;
+    int made = 1;
+    for (; made < nparts; made++) {
+        if (!(j->part[made] = malloc(sizeof *r))) break;
+        memcpy(j->part[made], r, sizeof *r);
+    }
+    tg__pool_run(region_part, j, made); /* fewer copies: fewer parts */
+    tg_status st = TG_OK;
+    for (int p = 0; p < made; p++) {
+        if (!st && j->st[p]) {
+            st = j->st[p];
+            if (p > 0) tg__err(st, "%s", j->msg[p]);
+        }
+        if (p == 0) continue;
+        for (int64_t k = 0; k < r->count; k++) {
+            r->nodes[k].fwd_ns += j->part[p]->nodes[k].fwd_ns;
+            r->nodes[k].bwd_ns += j->part[p]->nodes[k].bwd_ns;
+        }
+        free(j->part[p]);
+    }
+    free(j);
+    return st;
+}
+
 tg_status tg__region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g)
 {
     region *r = calloc(1, sizeof *r);
@@ -428,9 +499,7 @@ tg_status tg__region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g)
         r->nodes[r->count++].idx = j;
     }
     tg_status st = plan(r, g);
-    int64_t b = block_elems(r->dtype);
-    for (int64_t start = 0; start < r->numel && !st; start += b)
-        st = run_block(r, start, r->numel - start < b ? r->numel - start : b);
+    if (!st) st = run_blocks(r, block_elems(r->dtype));
     if (!st) {
         for (int t = 0; t < r->ntargets; t++) {
             tg_tensor_release(s->grads[r->targets[t].slot]);
