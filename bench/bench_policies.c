@@ -111,6 +111,13 @@ static tg_tensor *lean_stage(void *ud, int l, tg_tensor *h)
 
 static int64_t last_recomputes; /* forwards the last run's backward re-ran */
 
+static size_t gradient_count(const workload *w)
+{
+    size_t n = 0;
+    for (int i = 0; i < w->nparams; i++) n += (size_t)tg_tensor_numel(w->p[i]);
+    return n;
+}
+
 static tg_tensor *stages(tg_tape *tape, workload *w, int pol, bool lean, int n, tg_segment_fn fn)
 {
     lean_inner = fn;
@@ -156,7 +163,6 @@ static double run(workload *w, int pol, size_t budget, bool lean, size_t *saved,
         loss = tg_mean(tg_mul(hc, hc));
     }
     if (saved) *saved = tg_tape_saved_peak_bytes(tape);
-    int64_t recomputes_before = tg_tape_recompute_count(tape);
     if (!loss || tg_backward(loss)) {
         fprintf(stderr, "bench_policies: %s under %s: %s\n", w->name, pol_names[pol],
                 tg_last_error_message());
@@ -164,13 +170,11 @@ static double run(workload *w, int pol, size_t budget, bool lean, size_t *saved,
     }
     tg_scope_end();
     if (lean) tg_tensor_release(last); /* owned: kept out of the scopes */
-    last_recomputes = tg_tape_recompute_count(tape) - recomputes_before;
+    last_recomputes = tg_tape_recompute_count(tape); /* a new tape: all this backward's */
     double t = now_s() - t0;
     if (mem) *mem = tg_mem_peak_bytes() - base;
     if (grads) {
-        size_t total = 0;
-        for (int i = 0; i < w->nparams; i++) total += (size_t)tg_tensor_numel(w->p[i]);
-        double *g = malloc(total * sizeof *g), *q = g;
+        double *g = malloc(gradient_count(w) * sizeof *g), *q = g;
         for (int i = 0; i < w->nparams; i++) {
             tg_scope_begin();
             tg_tensor *g64 = tg_cast(tg_grad(w->p[i]), TG_F64);
@@ -213,13 +217,6 @@ static void setup(workload *w, const char *name, tg_rng *rng)
     }
 }
 
-static size_t gradient_count(const workload *w)
-{
-    size_t n = 0;
-    for (int i = 0; i < w->nparams; i++) n += (size_t)tg_tensor_numel(w->p[i]);
-    return n;
-}
-
 static void teardown(workload *w)
 {
     if (w->ps) {
@@ -258,18 +255,17 @@ int main(int argc, char **argv)
             run(&w, p, budget, false, &saved[p], &mem[p], &g[p]);
             remade[p] = last_recomputes;
         }
-        size_t lean[NPOL];
+        size_t n = gradient_count(&w), lean[NPOL];
         for (int p = 0; p < NPOL; p++) {
             double *gl;
             run(&w, p, budget, true, NULL, &lean[p], &gl);
-            if (memcmp(g[NONE], gl, gradient_count(&w) * sizeof(double))) {
+            if (memcmp(g[NONE], gl, n * sizeof(double))) {
                 fprintf(stderr, "bench_policies: %s: %s gradients (lean forward) differ from "
                         "none's\n", names[k], pol_names[p]);
                 return 1;
             }
             free(gl);
         }
-        size_t n = gradient_count(&w);
         for (int p = 1; p < NPOL; p++)
             if (memcmp(g[NONE], g[p], n * sizeof(double))) {
                 fprintf(stderr, "bench_policies: %s: %s gradients differ from none's\n", names[k],

@@ -152,9 +152,8 @@ extern TG_THREAD_LOCAL bool tg__grad_disabled;
 /* Hands t to the innermost scope if one is open. Returns t. */
 TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
 
-/* ---- the elementwise thread pool (src/dispatch/parallel.c) */
-/* Its size (tg_num_threads). */
-TG_INTERNAL int tg__pool_threads(void);
+/* ---- the elementwise thread pool (src/dispatch/parallel.c), of
+ * tg_num_threads() threads */
 /* Runs f(ctx, part, nparts) for every part, part 0 on the caller, the
  * others on the pool's threads, and returns when all are done. nparts may
  * come out smaller than asked (at most the pool's size): f gets the count

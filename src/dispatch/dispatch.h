@@ -40,10 +40,9 @@ TG_INTERNAL tg_tensor *tg__call1(const tg_op *op, tg_tensor *x, const tg_op_attr
 TG_INTERNAL tg_tensor *tg__call2(const tg_op *op, tg_tensor *a, tg_tensor *b,
                                  const tg_op_attrs *attrs);
 
-/* Kernel calls split across the thread pool when large (parallel.c);
- * es is the element size. */
-/* heavy: the kernel computes more than it streams (exp, tanh, ...), so
- * it is split across threads from smaller sizes (parallel.c). */
+/* Kernel calls split across the thread pool when large (parallel.c); es
+ * is the element size; heavy: the kernel computes more than it streams
+ * (exp, tanh, ...), so it is split from smaller sizes. */
 TG_INTERNAL void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p,
                                size_t es, bool heavy);
 TG_INTERNAL void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx,

@@ -83,7 +83,7 @@ tg_status tg_set_num_threads(int n)
 
 /* Runs f over nparts parts, part 0 on the caller. Falls back to running
  * every part inline if a worker cannot be started. */
-static void run_parts(part_fn f, void *ctx, int nparts)
+void tg__pool_run(part_fn f, void *ctx, int nparts)
 {
     pthread_mutex_lock(&submit);
     int want = threads_now();
@@ -117,16 +117,6 @@ static void run_parts(part_fn f, void *ctx, int nparts)
     while (pending) pthread_cond_wait(&cv_done, &mu);
     pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&submit);
-}
-
-int tg__pool_threads(void)
-{
-    return tg_num_threads();
-}
-
-void tg__pool_run(void (*f)(void *ctx, int part, int nparts), void *ctx, int nparts)
-{
-    run_parts(f, ctx, nparts);
 }
 
 static int parts_for(int64_t n, size_t es, bool heavy)
@@ -209,7 +199,7 @@ void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p, s
         return;
     }
     job_args j = {.uf = f, .n = n, .a = x, .out = y, .p = p, .es = es};
-    run_parts(unary_part, &j, parts);
+    tg__pool_run(unary_part, &j, parts);
 }
 
 void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx, double p,
@@ -221,7 +211,7 @@ void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *
         return;
     }
     job_args j = {.gf = f, .n = n, .a = s, .b = gy, .out = gx, .p = p, .es = es};
-    run_parts(grad_part, &j, parts);
+    tg__pool_run(grad_part, &j, parts);
 }
 
 void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b, void *out,
@@ -234,5 +224,5 @@ void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const voi
         return;
     }
     job_args j = {.bf = f, .bc = bc, .a = a, .b = b, .out = out, .es = es};
-    run_parts(binary_part, &j, parts);
+    tg__pool_run(binary_part, &j, parts);
 }

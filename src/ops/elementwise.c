@@ -21,12 +21,20 @@ static tg_status grad_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor
     return TG_OK;
 }
 
+/* The kernels that compute more than they stream: split across threads
+ * from smaller sizes (tg__run_unary, tg__run_grad). */
+static bool computes(tg_kernel_id kid)
+{
+    return kid == TG_K_EXP || kid == TG_K_LOG || kid == TG_K_TANH || kid == TG_K_SIGMOID ||
+           kid == TG_K_POW || kid == TG_K_POW_GRAD;
+}
+
 /* gx = gy * f'(s) into gx, all three contiguous, of one dtype and shape. */
 static void run_grad_kernel(tg_kernel_id kid, const tg_tensor *s, const tg_tensor *gy,
                             tg_tensor *gx, double scalar)
 {
     tg__run_grad(TG_KERNEL(tg_grad_fn, kid, s), s->numel, tg__tensor_ptr(s), tg__tensor_ptr(gy),
-                 tg__tensor_ptr(gx), scalar, tg__esize(s->dtype), kid == TG_K_POW_GRAD);
+                 tg__tensor_ptr(gx), scalar, tg__esize(s->dtype), computes(kid));
 }
 
 #define GRAD_OP(lname, KID, math)                                                   \
@@ -55,10 +63,8 @@ static tg_tensor *unary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id k
 {
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     if (!y) return NULL;
-    bool heavy = kid == TG_K_EXP || kid == TG_K_LOG || kid == TG_K_TANH || kid == TG_K_SIGMOID ||
-                 kid == TG_K_POW;
     tg__run_unary(TG_KERNEL(tg_unary_fn, kid, in[0]), in[0]->numel, tg__tensor_ptr(in[0]),
-                  tg__tensor_ptr(y), ctx->attrs->scalar, tg__esize(in[0]->dtype), heavy);
+                  tg__tensor_ptr(y), ctx->attrs->scalar, tg__esize(in[0]->dtype), computes(kid));
     return y;
 }
 

@@ -424,17 +424,23 @@ typedef struct {
     char msg[REGION_MAX_PARTS][256];
 } region_job;
 
+/* Blocks lo .. hi-1 of b elements each (the last one shorter). */
+static tg_status run_block_range(region *r, int64_t b, int64_t lo, int64_t hi)
+{
+    tg_status st = TG_OK;
+    for (int64_t k = lo; k < hi && !st; k++) {
+        int64_t start = k * b;
+        st = run_block(r, start, r->numel - start < b ? r->numel - start : b);
+    }
+    return st;
+}
+
 static void region_part(void *ctx, int part, int nparts)
 {
     region_job *j = ctx;
-    region *r = j->part[part];
     bool prev = tg_grad_set_enabled(false); /* as on the sweep's thread */
-    int64_t lo = j->nblocks * part / nparts, hi = j->nblocks * (part + 1) / nparts;
-    tg_status st = TG_OK;
-    for (int64_t k = lo; k < hi && !st; k++) {
-        int64_t start = k * j->block;
-        st = run_block(r, start, r->numel - start < j->block ? r->numel - start : j->block);
-    }
+    tg_status st = run_block_range(j->part[part], j->block, j->nblocks * part / nparts,
+                                   j->nblocks * (part + 1) / nparts);
     tg_grad_set_enabled(prev);
     j->st[part] = st;
     if (st && part > 0) snprintf(j->msg[part], sizeof j->msg[part], "%s", tg_last_error_message());
@@ -443,15 +449,10 @@ static void region_part(void *ctx, int part, int nparts)
 static tg_status run_blocks(region *r, int64_t b)
 {
     int64_t nblocks = (r->numel + b - 1) / b;
-    int nparts = tg__pool_threads();
+    int nparts = tg_num_threads();
     if (nparts > REGION_MAX_PARTS) nparts = REGION_MAX_PARTS;
     if (nparts > nblocks / 2) nparts = (int)(nblocks / 2); /* two blocks a part at least */
-    if (nparts <= 1) {
-        tg_status st = TG_OK;
-        for (int64_t start = 0; start < r->numel && !st; start += b)
-            st = run_block(r, start, r->numel - start < b ? r->numel - start : b);
-        return st;
-    }
+    if (nparts <= 1) return run_block_range(r, b, 0, nblocks);
     region_job *j = calloc(1, sizeof *j);
     if (!j) return tg__err(TG_ERR_NOMEM, "out of memory for a pointwise region");
     j->nblocks = nblocks;

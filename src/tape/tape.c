@@ -229,8 +229,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     /* The output itself, retained: like a checkpoint, it holds the tape
      * until tg_backward, tg_tape_reset or tg_tape_free releases the node's
      * saves (a view per op would cost a header). */
-    tg_tensor *alias = NULL;
-    if (!recompute && (op->saves & TG_SAVE_OUTPUT)) alias = out;
+    tg_tensor *saved_out = (!recompute && (op->saves & TG_SAVE_OUTPUT)) ? out : NULL;
     if (tape->nnodes == tape->capnodes) {
         int64_t cap = tape->capnodes ? tape->capnodes * 2 : 64;
         tg_node *p = realloc(tape->nodes, (size_t)cap * sizeof *p);
@@ -259,8 +258,8 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i))) ? tg_tensor_retain(seen[i]) : NULL;
         charge(tape, n, tg__kept_bytes(n->in_saved[i]));
     }
-    n->out_saved = tg_tensor_retain(alias);
-    charge(tape, n, tg__tensor_bytes(alias));
+    n->out_saved = tg_tensor_retain(saved_out);
+    charge(tape, n, tg__tensor_bytes(saved_out));
     n->nextra = 0;
     for (int i = 0; i < nextra; i++) {
         if (recompute) { /* backward makes them again */

@@ -36,7 +36,7 @@ typedef struct tg_node {
 } tg_node;
 
 /* BALANCED keeps the output of a recompute node that ends a chain of this
- * many recompute nodes back to a kept value (see checkpoint.c). */
+ * many recompute nodes back to a kept value (tg__tape_record, tape.c). */
 #define TG_BALANCED_MAX_CHAIN 8
 
 struct tg_tape {
