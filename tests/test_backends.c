@@ -1257,3 +1257,90 @@ Test(backends, vector_isa_variants_agree_and_the_fma_ones_bitwise)
     tg_set_default_backend(prev);
     expect_no_leaks(mem0);
 }
+
+/* The f32 exp/tanh/sigmoid loops check each 1024-float chunk's range of
+ * |x| and run a loop without the clamps (or without tanh's other branch)
+ * when the whole chunk allows it. Whichever loop computes an element, its
+ * bits must be those of the general one: each element computed alone (a
+ * one-element chunk always takes the narrow loop) is compared with the
+ * same element inside chunks that mix the regimes. And exp covers the
+ * whole float range: finite up to ln(FLT_MAX), +inf above it, subnormal
+ * results rounded once, 0 far below, NaN kept. On every ISA variant. */
+Test(backends, vector_math_chunks_give_each_element_the_same_bits)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    enum { CH = 1024, N = 4 * CH + 37 };
+    static float x[N], whole[N];
+    for (int i = 0; i < N; i++) {
+        float u = (float)((i * 7919) % 1000) / 1000.0f; /* [0, 1) scrambled */
+        int c = i / CH;
+        if (c == 0) x[i] = 1.2f * u - 0.6f;            /* all |x| < 0.625 */
+        else if (c == 1) x[i] = 0.7f + 10.0f * u;      /* all |x| >= 0.625 */
+        else if (c == 2) x[i] = 8.0f * u - 4.0f;       /* mixed */
+        else x[i] = 240.0f * u - 120.0f;               /* past exp's clamps */
+    }
+    x[3 * CH + 1] = NAN, x[3 * CH + 2] = INFINITY, x[3 * CH + 3] = -INFINITY;
+    x[3 * CH + 4] = 88.72f, x[3 * CH + 5] = 88.73f, x[3 * CH + 6] = -100.0f;
+    x[3 * CH + 7] = -104.5f, x[N - 1] = 0.625f, x[N - 2] = -0.6249999f;
+    const char *const isas[3] = {"baseline", "avx2", "avx512"};
+    const char *const ops[3] = {"exp", "tanh", "sigmoid"};
+    const char *was = tg_cpu_vector_isa();
+    tg_backend prev = tg_set_default_backend(TG_BACKEND_CPU);
+    for (int v = 0; v < 3; v++) {
+        tg_status st = tg_cpu_set_vector_isa(isas[v]);
+        if (st == TG_ERR_UNSUPPORTED) continue;
+        cr_assert_eq(st, TG_OK, "%s: %s", isas[v], tg_last_error_message());
+        for (int k = 0; k < 3; k++) {
+            tg_tensor *t = tg_tensor_from_data(TG_F32, 1, (int64_t[]){N}, x);
+            tg_tensor *y = k == 0 ? tg_exp(t) : k == 1 ? tg_tanh(t) : tg_sigmoid(t);
+            cr_assert(y, "%s: %s", ops[k], tg_last_error_message());
+            cr_assert_eq(tg_tensor_copy_out(y, whole, sizeof whole), TG_OK);
+            tg_tensor_release(y);
+            tg_tensor_release(t);
+            int bad = 0, first = -1;
+            float alone_first = 0.0f;
+            for (int i = 0; i < N; i++) {
+                tg_tensor *t1 = tg_tensor_from_data(TG_F32, 1, (int64_t[]){1}, &x[i]);
+                tg_tensor *y1 = k == 0 ? tg_exp(t1) : k == 1 ? tg_tanh(t1) : tg_sigmoid(t1);
+                float alone = NAN;
+                cr_assert(y1 && tg_tensor_copy_out(y1, &alone, sizeof alone) == TG_OK);
+                if (memcmp(&alone, &whole[i], sizeof alone)) {
+                    if (first < 0) first = i, alone_first = alone;
+                    bad++;
+                }
+                tg_tensor_release(y1);
+                tg_tensor_release(t1);
+            }
+            cr_expect_eq(bad, 0, "%s under %s: %d elements differ alone and in their chunk, first "
+                         "x = %.9g: %.9g vs %.9g", ops[k], isas[v], bad, first >= 0 ? x[first] : 0.0,
+                         (double)alone_first, first >= 0 ? whole[first] : 0.0);
+        }
+        /* exp at the ends of the float range, against libm's float result */
+        const float xe[] = {88.72f, 88.7228f, 88.73f, 89.0f, 1000.0f, INFINITY, -87.5f, -100.0f,
+                            -103.9f, -104.5f, -1000.0f, -INFINITY, NAN};
+        enum { NE = sizeof xe / sizeof xe[0] };
+        float ye[NE];
+        tg_tensor *te = tg_tensor_from_data(TG_F32, 1, (int64_t[]){NE}, xe);
+        tg_tensor *ee = tg_exp(te);
+        cr_assert_eq(tg_tensor_copy_out(ee, ye, sizeof ye), TG_OK);
+        for (int i = 0; i < NE; i++) {
+            float want = (float)exp((double)xe[i]);
+            if (isnan(want)) {
+                cr_expect(isnan(ye[i]), "exp(NaN) under %s is %g", isas[v], (double)ye[i]);
+            } else if (isinf(want) || want == 0.0f) {
+                cr_expect_eq(ye[i], want, "exp(%.9g) under %s is %.9g, want %.9g", (double)xe[i],
+                             isas[v], (double)ye[i], (double)want);
+            } else {
+                /* two ulp of the result; a subnormal's ulp is 2^-149 */
+                float ulp = nextafterf(want, INFINITY) - want;
+                cr_expect_leq(fabsf(ye[i] - want), 2.0f * ulp, "exp(%.9g) under %s is %.9g, want "
+                              "%.9g", (double)xe[i], isas[v], (double)ye[i], (double)want);
+            }
+        }
+        tg_tensor_release(ee);
+        tg_tensor_release(te);
+    }
+    cr_assert_eq(tg_cpu_set_vector_isa(was), TG_OK);
+    tg_set_default_backend(prev);
+    expect_no_leaks(mem0);
+}

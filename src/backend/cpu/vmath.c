@@ -3,7 +3,11 @@
  * workloads). Cephes' single-precision schemes: exp by n ln2 + r range
  * reduction and a degree-6 polynomial, tanh by an odd polynomial below
  * 0.625 and 1 - 2 / (e^2|x| + 1) above. Errors stay within a few ulp of
- * libm's, which the ref-vs-cpu tests check (ref keeps libm). */
+ * libm's, which the ref-vs-cpu tests check (ref keeps libm); over every
+ * 97th bit pattern, against double libm, exp is within 1.0 ulp, tanh 1.3
+ * and sigmoid 2.3 (2.4 on baseline). The exp op covers the whole float
+ * range (subnormal results, +inf on overflow); sigmoid and cross-entropy
+ * clamp e^x to the normal range. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -52,74 +56,160 @@ static inline float blend(int32_t m, float x, float y)
     return bits_f((f_bits(x) & m) | (f_bits(y) & ~m));
 }
 
+/* Smallest and largest bit pattern of |x[i]| over m > 0 floats; for
+ * non-negative floats the integer order of the bits is the numeric order,
+ * and NaNs come above +inf. Integer min/max reductions vectorize. */
+#define ABS_RANGE(ATTR, SFX)                                                        \
+    ATTR static inline void abs_range_##SFX(int64_t m, const float *restrict x,     \
+                                            int32_t *lo_out, int32_t *hi_out)       \
+    {                                                                               \
+        int32_t lo = INT32_MAX, hi = 0;                                             \
+        for (int64_t i = 0; i < m; i++) {                                           \
+            int32_t b = f_bits(x[i]) & INT32_MAX;                                   \
+            lo = b < lo ? b : lo;                                                   \
+            hi = b > hi ? b : hi;                                                   \
+        }                                                                           \
+        *lo_out = lo, *hi_out = hi;                                                 \
+    }
+
 #define VMATH_CORES(SFX, MADD)                                                          \
-    /* e^x for x in [-87.33654, 88.37626] (or NaN). */                              \
+    /* e^x = 2^n e^r: n, the nearest integer to x log2(e), by the 1.5 * 2^23     \
+     * rounding constant (whose low mantissa bits then hold n); r = x - n ln2     \
+     * in two steps; e^r by a degree-6 polynomial, returned with n. Unsigned     \
+     * arithmetic, so that a NaN's garbage n is not undefined behaviour. */      \
+    static inline float exp_poly_##SFX(float x, int32_t *n_out)                     \
+    {                                                                               \
+        float t = MADD(x, 1.44269504088896341f, 12582912.0f);                       \
+        float n = t - 12582912.0f;                                                  \
+        *n_out = (int32_t)((uint32_t)f_bits(t) - 0x4B400000u);                      \
+        float r = MADD(n, 2.12194440e-4f, MADD(-n, 0.693359375f, x));               \
+        float y = 1.9875691500e-4f;                                                 \
+        y = MADD(y, r, 1.3981999507e-3f);                                           \
+        y = MADD(y, r, 8.3334519073e-3f);                                           \
+        y = MADD(y, r, 4.1665795894e-2f);                                           \
+        y = MADD(y, r, 1.6666665459e-1f);                                           \
+        y = MADD(y, r, 5.0000001201e-1f);                                           \
+        return MADD(y * r, r, r) + 1.0f;                                            \
+    }                                                                               \
+    /* e^x for x in [-87.33654, 88.37626] (or NaN): 2^n, n in [-126, 127],        \
+     * built in the exponent field. */                                              \
     static inline float exp_clamped_##SFX(float x)                                  \
     {                                                                               \
-        float fx = MADD(x, 1.44269504088896341f, 0.5f);                             \
-        int32_t i = (int32_t)fx;                                                    \
-        i -= (int32_t)((float)i > fx); /* floor */                                  \
-        float n = (float)i;                                                         \
-        float r = MADD(n, 2.12194440e-4f, MADD(-n, 0.693359375f, x));                        \
-        float y = 1.9875691500e-4f;                                                 \
-        y = MADD(y, r, 1.3981999507e-3f);                                            \
-        y = MADD(y, r, 8.3334519073e-3f);                                            \
-        y = MADD(y, r, 4.1665795894e-2f);                                            \
-        y = MADD(y, r, 1.6666665459e-1f);                                            \
-        y = MADD(y, r, 5.0000001201e-1f);                                            \
-        y = MADD(y * r, r, r) + 1.0f;                                               \
-        return y * bits_f((i + 127) << 23);                                         \
+        int32_t n;                                                                  \
+        float y = exp_poly_##SFX(x, &n);                                            \
+        return y * bits_f((int32_t)(((uint32_t)n + 127u) << 23));                   \
     }                                                                               \
+    /* Sigmoid's and cross-entropy's e^x: clamped to the normal range. */           \
     static inline float exp_core_##SFX(float x)                                     \
     {                                                                               \
         x = blend(-(int32_t)(x > 88.37626f), 88.37626f, x);                         \
         x = blend(-(int32_t)(x < -87.33654f), -87.33654f, x);                       \
         return exp_clamped_##SFX(x);                                                \
     }                                                                               \
-    static inline float tanh_core_##SFX(float x)                                    \
+    /* The exp op's e^x over the whole float range: x is clamped to [-104, 89]      \
+     * (outside it the result is 0 or +inf anyway) and 2^n, n in [-150, 128],       \
+     * is applied as two normal factors, so results near overflow are finite        \
+     * where they should be, overflow gives +inf and tiny ones round once into      \
+     * the subnormals. */                                                           \
+    static inline float exp_full_##SFX(float x)                                     \
     {                                                                               \
-        int32_t sign = f_bits(x) & INT32_MIN;                                       \
-        float a = bits_f(f_bits(x) & INT32_MAX);                                    \
+        x = blend(-(int32_t)(x > 89.0f), 89.0f, x);                                 \
+        x = blend(-(int32_t)(x < -104.0f), -104.0f, x);                             \
+        int32_t n;                                                                  \
+        float y = exp_poly_##SFX(x, &n);                                            \
+        int32_t n1 = n >> 1, n2 = n - n1;                                           \
+        float s1 = bits_f((int32_t)(((uint32_t)n1 + 127u) << 23));                  \
+        float s2 = bits_f((int32_t)(((uint32_t)n2 + 127u) << 23));                  \
+        return (y * s1) * s2;                                                       \
+    }                                                                               \
+    /* tanh below |x| = 0.625: an odd polynomial in x. */                           \
+    static inline float tanh_small_##SFX(float x)                                   \
+    {                                                                               \
         float z = x * x;                                                            \
         float p = -5.70498872745e-3f;                                               \
-        p = MADD(p, z, 2.06390887954e-2f);                                            \
-        p = MADD(p, z, -5.37397155531e-2f);                                            \
-        p = MADD(p, z, 1.33314422036e-1f);                                            \
-        p = MADD(p, z, -3.33332819422e-1f);                                            \
-        float small = MADD(p * z, x, x);                                             \
-        /* 2a >= 0 (or NaN): only the upper clamp can apply */                      \
-        float t = 2.0f * a;                                                         \
+        p = MADD(p, z, 2.06390887954e-2f);                                          \
+        p = MADD(p, z, -5.37397155531e-2f);                                         \
+        p = MADD(p, z, 1.33314422036e-1f);                                          \
+        p = MADD(p, z, -3.33332819422e-1f);                                         \
+        return MADD(p * z, x, x);                                                   \
+    }                                                                               \
+    /* tanh from |x| = 0.625: sign(x) (1 - 2 / (e^2|x| + 1)). */                    \
+    static inline float tanh_big_##SFX(float x)                                     \
+    {                                                                               \
+        int32_t sign = f_bits(x) & INT32_MIN;                                       \
+        /* 2|x| >= 0 (or NaN): only the upper clamp can apply */                    \
+        float t = 2.0f * bits_f(f_bits(x) & INT32_MAX);                             \
         float e = exp_clamped_##SFX(blend(-(int32_t)(t > 88.37626f), 88.37626f, t)); \
-        float big = bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                \
-        return blend(-(int32_t)(a < 0.625f), small, big);                           \
+        return bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                     \
+    }                                                                               \
+    static inline float tanh_core_##SFX(float x)                                    \
+    {                                                                               \
+        float a = bits_f(f_bits(x) & INT32_MAX);                                    \
+        return blend(-(int32_t)(a < 0.625f), tanh_small_##SFX(x), tanh_big_##SFX(x)); \
     }
 
 #define VMATH_LOOPS(SFX, ATTR, MADD)                                                \
+    ABS_RANGE(ATTR, SFX)                                                            \
     VMATH_CORES(SFX, MADD)                                                          \
+    /* The elementwise loops go over chunks of CHUNK floats, first finding the      \
+     * smallest and largest |x| of the chunk from the bits (NaN compares above      \
+     * every number, as it does in the cores' blends). A chunk that lies            \
+     * within one regime runs a loop with only that regime's formula: the same      \
+     * bits as the general core, without its clamps or its other branch.            \
+     * Most activations never come near exp's clamps, and tanh's inputs often       \
+     * all lie on one side of 0.625. */                                             \
     ATTR static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
     {                                                                               \
-        const float *restrict x = xv;                                               \
-        float *restrict y = yv;                                                     \
         (void)p;                                                                    \
-        for (int64_t i = 0; i < n; i++) y[i] = exp_core_##SFX(x[i]);                \
+        for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {                                 \
+            int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;                            \
+            const float *restrict x = (const float *)xv + i0;                       \
+            float *restrict y = (float *)yv + i0;                                   \
+            int32_t lo, hi;                                                         \
+            abs_range_##SFX(m, x, &lo, &hi);                                        \
+            if (hi < EXP_SAFE_BITS) /* e^x normal: no clamp, one 2^n factor */      \
+                for (int64_t i = 0; i < m; i++) y[i] = exp_clamped_##SFX(x[i]);     \
+            else                                                                    \
+                for (int64_t i = 0; i < m; i++) y[i] = exp_full_##SFX(x[i]);        \
+        }                                                                           \
     }                                                                               \
     ATTR static void tanh_f32_##SFX(int64_t n, const void *xv, void *yv, double p)  \
     {                                                                               \
-        const float *restrict x = xv;                                               \
-        float *restrict y = yv;                                                     \
         (void)p;                                                                    \
-        for (int64_t i = 0; i < n; i++) y[i] = tanh_core_##SFX(x[i]);               \
+        for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {                                 \
+            int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;                            \
+            const float *restrict x = (const float *)xv + i0;                       \
+            float *restrict y = (float *)yv + i0;                                   \
+            int32_t lo, hi;                                                         \
+            abs_range_##SFX(m, x, &lo, &hi);                                        \
+            if (lo >= TANH_SPLIT_BITS)                                              \
+                for (int64_t i = 0; i < m; i++) y[i] = tanh_big_##SFX(x[i]);        \
+            else if (hi < TANH_SPLIT_BITS)                                          \
+                for (int64_t i = 0; i < m; i++) y[i] = tanh_small_##SFX(x[i]);      \
+            else                                                                    \
+                for (int64_t i = 0; i < m; i++) y[i] = tanh_core_##SFX(x[i]);       \
+        }                                                                           \
     }                                                                               \
-    /* 1 / (1 + e^-x); e^-x saturates at e^87 for very negative x, giving ~0. */    \
-    ATTR static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p)\
+    /* 1 / (1 + e^-x); e^-x saturates at e^88.4 for very negative x, giving ~0. */  \
+    ATTR static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p) \
     {                                                                               \
-        const float *restrict x = xv;                                               \
-        float *restrict y = yv;                                                     \
         (void)p;                                                                    \
-        for (int64_t i = 0; i < n; i++) y[i] = 1.0f / (1.0f + exp_core_##SFX(-x[i]));\
+        for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {                                 \
+            int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;                            \
+            const float *restrict x = (const float *)xv + i0;                       \
+            float *restrict y = (float *)yv + i0;                                   \
+            int32_t lo, hi;                                                         \
+            abs_range_##SFX(m, x, &lo, &hi);                                        \
+            if (hi < EXP_SAFE_BITS)                                                 \
+                for (int64_t i = 0; i < m; i++)                                     \
+                    y[i] = 1.0f / (1.0f + exp_clamped_##SFX(-x[i]));                \
+            else                                                                    \
+                for (int64_t i = 0; i < m; i++)                                     \
+                    y[i] = 1.0f / (1.0f + exp_core_##SFX(-x[i]));                   \
+        }                                                                           \
     }                                                                               \
-    /* Cross-entropy rows: logp = (x - max) - log(sum e^(x - max)), the sum in   \
-     * double; loss = mean of -logp[target]. */                                    \
+    /* Cross-entropy rows: logp = (x - max) - log(sum e^(x - max)), the sum in      \
+     * double; loss = mean of -logp[target]. */                                     \
     ATTR static void ce_fwd_f32_##SFX(int64_t N, int64_t C, const void *xv, const int64_t *t, \
                                       void *lv, void *lossv)                        \
     {                                                                               \
@@ -158,6 +248,9 @@ static inline float blend(int32_t m, float x, float y)
     }
 
 #define CE_CHUNK 256
+#define CHUNK 1024                 /* floats per range check (4 KiB) */
+#define TANH_SPLIT_BITS 0x3F200000 /* 0.625f */
+#define EXP_SAFE_BITS 0x42AEAC4F   /* 87.33654f: |x| below it needs no clamp */
 #define MADD_SEPARATE(a, b, c) ((a) * (b) + (c))
 #define MADD_FUSED(a, b, c) __builtin_fmaf((a), (b), (c))
 VMATH_LOOPS(base, , MADD_SEPARATE)
