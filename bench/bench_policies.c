@@ -231,6 +231,8 @@ static void teardown(workload *w)
     tg_tensor_release(w->x);
 }
 
+enum { MAX_RUNS = 101 };
+
 int main(int argc, char **argv)
 {
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
@@ -238,8 +240,9 @@ int main(int argc, char **argv)
     static const char *const names[4] = {"elementwise", "deep", "wide", "lstm"};
     tg_rng rng;
     tg_rng_seed(&rng, 7);
-    printf("checkpoint policies: median of %d interleaved runs, f32, cpu backend, allocator %s%s\n",
-           runs, tg_mem_allocator(), quick ? " (quick: not a measurement)" : "");
+    printf("checkpoint policies: median of %d-%d interleaved runs (more for shorter steps), f32, "
+           "cpu backend, allocator %s%s\n",
+           runs, quick ? runs : MAX_RUNS, tg_mem_allocator(), quick ? " (quick: not a measurement)" : "");
     printf("%-12s %-9s %10s %8s %14s %14s %12s %10s\n", "workload", "policy", "fwd+bwd ms",
            "x none", "saved peak MB", "tensor peak MB", "lean peak MB", "recomputes");
     for (int k = 0; k < 4; k++) {
@@ -273,13 +276,18 @@ int main(int argc, char **argv)
                 return 1;
             }
         for (int p = 0; p < NPOL; p++) free(g[p]);
-        double t[NPOL][16];
-        for (int r = 0; r < runs; r++)
+        /* At least `runs` rounds, more for short steps (up to MAX_RUNS, about
+         * a second of NONE's steps), so that a 5 ms step's median rests on
+         * more than a few samples of a noisy machine. */
+        double t[NPOL][MAX_RUNS], t1 = run(&w, NONE, budget, false, NULL, NULL, NULL);
+        int nr = quick ? runs : (int)(1.0 / t1);
+        nr = nr < runs ? runs : nr > MAX_RUNS ? MAX_RUNS : nr;
+        for (int r = 0; r < nr; r++)
             for (int p = 0; p < NPOL; p++) t[p][r] = run(&w, p, budget, false, NULL, NULL, NULL);
         double med[NPOL];
         for (int p = 0; p < NPOL; p++) {
-            qsort(t[p], (size_t)runs, sizeof(double), cmp);
-            med[p] = t[p][runs / 2];
+            qsort(t[p], (size_t)nr, sizeof(double), cmp);
+            med[p] = t[p][nr / 2];
         }
         for (int p = 0; p < NPOL; p++)
             printf("%-12s %-9s %10.3f %8.3f %14.3f %14.3f %12.3f %10lld\n", names[k], pol_names[p],
