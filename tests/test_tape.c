@@ -659,3 +659,27 @@ Test(tape, leaf_gradients_are_contiguous_and_writable)
     expect_values(g, VALS(5, 2, 2), 3, 1e-15);
     tg_tape_free(tape);
 }
+
+/* A second backward adds into the leaf's gradient in place while the leaf
+ * holds the only reference (the borrowed pointer stays valid and shows the
+ * sum); a gradient the caller retained is a snapshot: it keeps its values
+ * and the leaf gets the sum as a new tensor. */
+Test(tape, second_backward_adds_in_place_unless_the_gradient_is_retained)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = leaf(tape, 2, VALS(1.5, -2.0));
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(x, x))), TG_OK);
+    tg_tensor *g1 = tg_grad(x);
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(x, x))), TG_OK, "%s", tg_last_error_message());
+    cr_expect_eq(tg_grad(x), g1, "the sole-held gradient was replaced, not added into");
+    expect_grad(x, VALS(6.0, -8.0), 2);
+    tg_tensor *snap = tg_tensor_retain(tg_grad(x));
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(x, x))), TG_OK, "%s", tg_last_error_message());
+    cr_expect_neq(tg_grad(x), snap, "a retained gradient was written in place");
+    expect_grad(x, VALS(9.0, -12.0), 2);
+    double v[2];
+    cr_assert_eq(tg_tensor_copy_out(snap, v, sizeof v), TG_OK);
+    cr_expect(v[0] == 6.0 && v[1] == -8.0, "the snapshot changed to %g %g", v[0], v[1]);
+    tg_tensor_release(snap);
+    tg_tape_free(tape);
+}

@@ -123,7 +123,9 @@ tg_status tg_backward_seed(tg_tensor *out, const tg_tensor *seed);
 
 /* Borrowed pointer to the accumulated gradient of leaf t; valid until
  * tg_grad_zero(t) or t's release. NULL with TG_ERR_NO_GRAD if t is not a
- * leaf, or if no backward has reached it yet. */
+ * leaf, or if no backward has reached it yet. A later backward adds into it
+ * in place while the leaf holds the only reference; one you retained stays
+ * as it was, and the leaf gets the sum as a new tensor. */
 tg_tensor *tg_grad(const tg_tensor *t);
 /* Drops leaf t's gradient (the next backward starts from zero). */
 void tg_grad_zero(tg_tensor *t);

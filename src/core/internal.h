@@ -154,6 +154,11 @@ TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
 
 /* ---- the elementwise thread pool (src/dispatch/parallel.c), of
  * tg_num_threads() threads */
+/* dst += src in place, through the add kernel with dst as its output
+ * (ops/elementwise.c): the tape's gradient accumulation when it holds the
+ * only reference to dst. Same dtype, backend and shape, both contiguous. */
+TG_INTERNAL void tg__add_into(tg_tensor *dst, const tg_tensor *src);
+
 /* Runs f(ctx, part, nparts) for every part, part 0 on the caller, the
  * others on the pool's threads, and returns when all are done. nparts may
  * come out smaller than asked (at most the pool's size): f gets the count

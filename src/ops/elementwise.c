@@ -218,6 +218,16 @@ static tg_tensor *binary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id 
     return out;
 }
 
+void tg__add_into(tg_tensor *dst, const tg_tensor *src)
+{
+    tg_spec sp;
+    tg__spec_of(dst, &sp);
+    tg_bcast bc;
+    tg__bcast_desc(&sp, dst, src, &bc);
+    tg__run_binary(TG_KERNEL(tg_binary_fn, TG_K_ADD, dst), &bc, tg__tensor_ptr(dst),
+                   tg__tensor_ptr(src), tg__tensor_ptr(dst), tg__esize(dst->dtype));
+}
+
 /* Reduces a gradient of the broadcast shape back to an input's shape. */
 static tg_tensor *unbroadcast(tg_tensor *g, const tg_spec *to)
 {

@@ -8,12 +8,31 @@
 
 #include "tape/sweep.h"
 
-/* Kernel-free accumulation: dst += src through the public add op (the tape
- * knows no kernel). In place when dst is exclusively ours. */
+/* dst += src (taking src's reference). When the sweep holds the only
+ * reference to dst and to its storage (not a view of another gradient,
+ * not a tensor anyone else can see, not recorded on a tape), the sum is
+ * written into dst itself: the add kernel with the same operands in the
+ * same order, so the same bits, without a new buffer per contribution (a
+ * weight used at every step of an RNN gets one per step). Kernels read
+ * contiguous operands only, so src must be contiguous too (a broadcast
+ * gradient, stride 0, is not). Otherwise through the public add op. */
+static bool sole_holder(const tg_tensor *t, const tg_tensor *src)
+{
+    return t->refcount == 1 && t->storage->refcount == 1 && t->contiguous && src->contiguous &&
+           !t->scope_owned && !t->tape && t != src && t->storage != src->storage &&
+           t->dtype == src->dtype &&
+           t->backend == src->backend && tg__same_shape(t->ndim, t->shape, src->ndim, src->shape);
+}
+
 static tg_status accumulate(tg_tensor **dst, tg_tensor *src)
 {
     if (!*dst) {
         *dst = src;
+        return TG_OK;
+    }
+    if (sole_holder(*dst, src)) {
+        tg__add_into(*dst, src);
+        tg_tensor_release(src);
         return TG_OK;
     }
     /* A private scope: the sum must not land in the caller's open scope. */
