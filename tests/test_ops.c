@@ -768,3 +768,83 @@ OPS_TEST(square_by_mul_has_gradient_two_x)
     cr_expect_eq(bad, 0, "[%s] %zu of %d gradients differ from 6 x", tg_backend_name(cur), bad, N);
     tg_tape_free(tape);
 }
+
+/* affine(x, W, b) is matmul(x, W^T) + b as one node: for 2-d x its output
+ * and its three gradients are bitwise those of the three-node graph; a
+ * 3-d x gives the 2-d results of its flattened rows; bad shapes, dtypes
+ * and NULL fail with the op named. */
+static void affine_pair(tg_tensor *x, tg_tensor *w, tg_tensor *b, bool fused, tg_tensor **y,
+                        tg_tensor **g)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *in[3] = {x = tg_detach(x), w = tg_detach(w), b = tg_detach(b)};
+    for (int i = 0; i < 3; i++) tg_requires_grad(tape, in[i]);
+    *y = fused ? tg_affine(x, w, b) : tg_add(tg_matmul(x, tg_transpose(w, 0, 1)), b);
+    cr_assert(*y, "%s", tg_last_error_message());
+    tg_tensor_retain(*y);
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(*y, *y))), TG_OK, "%s", tg_last_error_message());
+    for (int i = 0; i < 3; i++) {
+        g[i] = tg_tensor_retain(tg_grad(in[i]));
+        tg_grad_zero(in[i]);
+    }
+    tg_tape_free(tape);
+}
+
+static void expect_same_bits(const tg_tensor *a, const tg_tensor *b, const char *what)
+{
+    int64_t n = tg_tensor_numel(a);
+    cr_assert_eq(n, tg_tensor_numel(b), "%s: %lld vs %lld elements", what, (long long)n,
+                 (long long)tg_tensor_numel(b));
+    const double *p = tg_tensor_data((tg_tensor *)a), *q = tg_tensor_data((tg_tensor *)b);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += memcmp(&p[i], &q[i], sizeof p[i]) != 0;
+    cr_expect_eq(bad, 0, "[%s] %s: %lld of %lld elements differ", tg_backend_name(cur), what,
+                 (long long)bad, (long long)n);
+}
+
+OPS_TEST(affine_is_matmul_then_add_as_one_node)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 11);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F64, 2, SHAPE(7, 5), -1, 1);
+    tg_tensor *w = tg_rand_uniform(&rng, TG_F64, 2, SHAPE(3, 5), -1, 1);
+    tg_tensor *b = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(3), -1, 1);
+    tg_tensor *y[2], *g[2][3];
+    for (int f = 0; f < 2; f++) affine_pair(x, w, b, f == 1, &y[f], g[f]);
+    expect_same_bits(y[1], y[0], "output");
+    const char *names[3] = {"gx", "gW", "gb"};
+    for (int i = 0; i < 3; i++) expect_same_bits(g[1][i], g[0][i], names[i]);
+    for (int f = 0; f < 2; f++) {
+        tg_tensor_release(y[f]);
+        for (int i = 0; i < 3; i++) tg_tensor_release(g[f][i]);
+    }
+    /* 3-d x: the rows of (2, 3, 5) are those of (6, 5) */
+    tg_tensor *x3 = tg_rand_uniform(&rng, TG_F64, 3, SHAPE(2, 3, 5), -1, 1);
+    tg_tensor *y3 = tg_affine(x3, w, b);
+    cr_assert(y3, "%s", tg_last_error_message());
+    cr_expect(tg_tensor_ndim(y3) == 3 && tg_tensor_shape(y3)[2] == 3);
+    tg_tensor *y2 = tg_affine(tg_reshape(x3, 2, SHAPE(6, 5)), w, b);
+    const double *p = tg_tensor_data(y3), *q = tg_tensor_data(y2);
+    for (int i = 0; i < 18; i++) cr_expect_float_eq(p[i], q[i], 1e-15, "element %d", i);
+    /* 1-d x: one row */
+    tg_tensor *y1 = tg_affine(tg_reshape(x3, 1, SHAPE(30)), w, b);
+    cr_expect_null(y1);
+    cr_expect_eq(tg_last_error(), TG_ERR_SHAPE);
+    cr_expect(strstr(tg_last_error_message(), "'affine'") != NULL, "%s", tg_last_error_message());
+    cr_expect_eq(tg_tensor_numel(tg_affine(tg_narrow(tg_reshape(x3, 1, SHAPE(30)), 0, 0, 5), w,
+                                           b)), 3);
+    /* errors */
+    tg_tensor *w4 = tg_rand_uniform(&rng, TG_F64, 2, SHAPE(3, 4), -1, 1);
+    cr_expect_null(tg_affine(x, w4, b));
+    cr_expect_eq(tg_last_error(), TG_ERR_SHAPE);
+    cr_expect(strstr(tg_last_error_message(), "W [3,4]") != NULL, "%s", tg_last_error_message());
+    tg_tensor *b32 = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(3), -1, 1);
+    cr_expect_null(tg_affine(x, w, b32));
+    cr_expect_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear(); /* a NULL input keeps an earlier error (the one that made it) */
+    cr_expect_null(tg_affine(x, NULL, b));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    cr_expect(strstr(tg_last_error_message(), "#2 to 'affine'") != NULL, "%s",
+              tg_last_error_message());
+    tg_error_clear(); /* the open scope owns every tensor above */
+}

@@ -62,6 +62,12 @@ tg_tensor *tg_contiguous(tg_tensor *x);
  * a contiguous matrix is passed to BLAS as a transpose flag, never copied. */
 tg_tensor *tg_matmul(tg_tensor *a, tg_tensor *b);
 
+/* y = x W^T + b, a linear layer's map as one op: x (..., in), W (out, in),
+ * b (out) -> (..., out), one floating dtype. Results and gradients are
+ * bitwise those of tg_add(tg_matmul(x, tg_transpose(W, 0, 1)), b) for 2-d
+ * x; the tape records one node instead of three. */
+tg_tensor *tg_affine(tg_tensor *x, tg_tensor *w, tg_tensor *b);
+
 /* softmax(x)_i = e^x_i / sum_j e^x_j along dim; log_softmax is its log,
  * computed stably (max subtracted). */
 tg_tensor *tg_softmax(tg_tensor *x, int dim);

@@ -60,11 +60,11 @@ static void *layer_alloc(size_t size)
     return p;
 }
 
-/* x W^T: the transpose is a strided view, passed to GEMM as a flag. */
+/* x W^T (+ b): one affine node with a bias; without one, matmul with the
+ * transpose as a strided view, passed to GEMM as a flag. */
 static tg_tensor *linear_map(tg_tensor *x, tg_tensor *w, tg_tensor *b)
 {
-    tg_tensor *y = tg_matmul(x, tg_transpose(w, 0, 1));
-    return b ? tg_add(y, b) : y;
+    return b ? tg_affine(x, w, b) : tg_matmul(x, tg_transpose(w, 0, 1));
 }
 
 /* ---- Linear */

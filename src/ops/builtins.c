@@ -7,7 +7,7 @@
     X(relu) X(pow_scalar) X(add_scalar) X(mul_scalar) X(gt) X(eq)                   \
     X(sum) X(mean) X(max_dim) X(argmax)                                             \
     X(reshape) X(permute) X(expand) X(sum_to) X(contiguous) X(to_device) X(cast)    \
-    X(matmul) X(softmax) X(log_softmax) X(cross_entropy) X(mse_loss)                \
+    X(matmul) X(affine) X(softmax) X(log_softmax) X(cross_entropy) X(mse_loss)                \
     X(exp_backward) X(log_backward) X(sqrt_backward) X(tanh_backward)               \
     X(sigmoid_backward) X(relu_backward) X(pow_backward) X(max_dim_backward)        \
     X(softmax_backward) X(log_softmax_backward) X(cross_entropy_backward)           \

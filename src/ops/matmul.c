@@ -170,3 +170,109 @@ tg_tensor *tg_matmul(tg_tensor *a, tg_tensor *b)
 {
     return tg__call2(&tg__op_matmul, a, b, NULL);
 }
+
+/* ---- affine(x, W, b) = x W^T + b: a linear layer's map as one node.
+ * x (..., in), W (out, in), b (out) -> (..., out). Forward is the GEMM
+ * x W^T (W passed with the transpose flag) and then the bias row added in
+ * place by the broadcasting add kernel: the same arithmetic as
+ * matmul(x, transpose(W)) followed by add(y, b), so the results and the
+ * gradients are bitwise those of the three-node graph, with one node, one
+ * output and no separate pre-bias tensor. Backward: gx = g W, gW = g^T x
+ * (rows of x and g flattened over the leading dims) and gb = g summed to
+ * (out). */
+static tg_status affine_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
+                              tg_spec *out)
+{
+    (void)attrs;
+    const tg_tensor *x = in[0], *w = in[1], *b = in[2];
+    char s1[96], s2[96], s3[96];
+    for (int i = 0; i < 3; i++)
+        if (tg__need_float(op, i + 1, in[i])) return TG_ERR_DTYPE;
+    if (tg__need_same_dtype(op, x, w) || tg__need_same_dtype(op, x, b)) return TG_ERR_DTYPE;
+    if (x->ndim < 1 || w->ndim != 2 || b->ndim != 1 || x->shape[x->ndim - 1] != w->shape[1] ||
+        b->shape[0] != w->shape[0])
+        return tg__err(TG_ERR_SHAPE, "bad arguments to '%s' (x %s, W %s, b %s: need x (..., in), "
+                                     "W (out, in), b (out))", op->name,
+                       tg_shape_str(x->ndim, x->shape, s1, sizeof s1),
+                       tg_shape_str(w->ndim, w->shape, s2, sizeof s2),
+                       tg_shape_str(b->ndim, b->shape, s3, sizeof s3));
+    *out = (tg_spec){.dtype = x->dtype, .ndim = x->ndim};
+    for (int i = 0; i < x->ndim - 1; i++) out->shape[i] = x->shape[i];
+    out->shape[x->ndim - 1] = w->shape[0];
+    return TG_OK;
+}
+
+static tg_tensor *affine_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    tg_tensor *x = in[0], *w = in[1], *b = in[2];
+    tg_tensor *y = tg_op_ctx_new_output(ctx);
+    if (!y || y->numel == 0) return y;
+    int64_t k = w->shape[1], n = w->shape[0], m = y->numel / n;
+    size_t es = tg__esize(x->dtype);
+    if (k == 0)
+        memset(tg__tensor_ptr(y), 0, (size_t)y->numel * es);
+    else
+        TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x)(false, true, m, n, k, tg__tensor_ptr(x), k,
+                                            tg__tensor_ptr(w), k, 0.0, tg__tensor_ptr(y), n);
+    tg_bcast bc;
+    tg__bcast_desc(ctx->out_spec, y, b, &bc);
+    tg__run_binary(TG_KERNEL(tg_binary_fn, TG_K_ADD, y), &bc, tg__tensor_ptr(y),
+                   tg__tensor_ptr(b), tg__tensor_ptr(y), es);
+    return y;
+}
+
+static tg_status affine_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
+    const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0), *bs = tg_op_ctx_input_spec(ctx, 2);
+    int64_t n = w->shape[0], k = w->shape[1], m = tg__numel(xs->ndim - 1, xs->shape);
+    tg_tensor *g2 = g->ndim == 2 ? g : tg_reshape(g, 2, (int64_t[]){m, n});
+    if (!g2) return tg_last_error();
+    if (tg_op_ctx_needs_grad(ctx, 0)) {
+        tg_tensor *gx = tg_matmul(g2, w);
+        gin[0] = gx && xs->ndim != 2 ? tg_reshape(gx, xs->ndim, xs->shape) : gx;
+        if (!gin[0]) return tg_last_error();
+    }
+    if (tg_op_ctx_needs_grad(ctx, 1)) {
+        tg_tensor *x2 = x->ndim == 2 ? x : tg_reshape(x, 2, (int64_t[]){m, k});
+        gin[1] = x2 ? tg_matmul(tg_transpose(g2, 0, 1), x2) : NULL;
+        if (!gin[1]) return tg_last_error();
+    }
+    if (tg_op_ctx_needs_grad(ctx, 2)) {
+        gin[2] = tg_sum_to(g2, bs->ndim, bs->shape);
+        if (!gin[2]) return tg_last_error();
+    }
+    return TG_OK;
+}
+
+static int affine_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *attrs)
+{
+    static const struct { int nx; int64_t x[3], out; } c[] = {
+        {2, {3, 4}, 5}, {1, {4}, 2}, {3, {2, 3, 4}, 3}, {2, {1, 1}, 1},
+    };
+    (void)attrs;
+    if (k >= 4) return 0;
+    int64_t in_f = c[k].x[c[k].nx - 1];
+    in[0] = tg__sample_uniform(rng, c[k].nx, c[k].x, -1.0, 1.0);
+    in[1] = tg__sample_uniform(rng, 2, (int64_t[]){c[k].out, in_f}, -1.0, 1.0);
+    in[2] = tg__sample_uniform(rng, 1, (int64_t[]){c[k].out}, -1.0, 1.0);
+    return (in[0] && in[1] && in[2]) ? 3 : -1;
+}
+
+const tg_op tg__op_affine = {
+    .name = "affine", .doc = "y = x W^T + b (x (..., in), W (out, in), b (out))", .arity = 3,
+    .shape = affine_shape, .forward = affine_fwd, .backward = affine_bwd,
+    .cost = TG_COST_COMPUTE_BOUND, .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1),
+    .sample = affine_sample,
+};
+
+tg_tensor *tg_affine(tg_tensor *x, tg_tensor *w, tg_tensor *b)
+{
+    tg_tensor *in[3] = {x, w, b};
+    for (int i = 0; i < 3; i++)
+        if (!in[i]) {
+            tg__err_null("affine", i + 1);
+            return NULL;
+        }
+    return tg_op_call(&tg__op_affine, 3, in, NULL);
+}
