@@ -709,3 +709,44 @@ Test(checkpoint, unknown_policy_is_rejected)
     cr_assert_null(tg_tape_new(&o));
     cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
 }
+
+/* affine saves x and W and borrows its leaf bias, so BUDGET can re-run it
+ * from what it keeps: with a budget of exactly the untracked batch's bytes,
+ * the relu after it records as a recompute node without a checkpoint of
+ * the affine's output (which would not fit), and the gradients are NONE's. */
+static void affine_relu(tg_tape *tape, tg_tensor *data, tg_tensor *w, tg_tensor *b, double *g)
+{
+    tg_tensor *p[2] = {w, b};
+    for (int i = 0; i < 2; i++) cr_assert_eq(tg_requires_grad(tape, p[i]), TG_OK);
+    tg_scope_begin();
+    tg_tensor *l = tg_sum(tg_relu(tg_affine(data, w, b)));
+    cr_assert_not_null(l, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(l), TG_OK, "%s", tg_last_error_message());
+    tg_scope_end();
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(w), g, 12 * sizeof(double)), TG_OK);
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(b), g + 12, 3 * sizeof(double)), TG_OK);
+    for (int i = 0; i < 2; i++) tg_grad_zero(p[i]);
+}
+
+Test(checkpoint, budget_reruns_an_affine_from_its_saves_and_its_leaf_bias)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 5);
+    tg_tensor *data = tg_rand_uniform(&rng, TG_F64, 2, SHAPE(8, 4), -1, 1); /* 256 bytes */
+    tg_tensor *w = tg_rand_uniform(&rng, TG_F64, 2, SHAPE(3, 4), -1, 1);
+    tg_tensor *b = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(3), -1, 1);
+    double g_none[15], g_budget[15];
+    tg_tape *none = tape_for(NONE, 0);
+    affine_relu(none, data, w, b, g_none);
+    tg_tape_free(none);
+    tg_tensor *w2 = tg_detach(w), *b2 = tg_detach(b);
+    tg_tape *tape = tape_for(BUDGET, 256);
+    affine_relu(tape, data, w2, b2, g_budget);
+    cr_expect_leq(tg_tape_saved_peak_bytes(tape), 256);
+    cr_expect_eq(tg_tape_recompute_count(tape), 1, "relu re-run %lld times",
+                 (long long)tg_tape_recompute_count(tape));
+    cr_expect_eq(memcmp(g_none, g_budget, sizeof g_none), 0, "budget gradients differ from none's");
+    tg_tape_free(tape);
+    tg_tensor *rel[] = {data, w, b, w2, b2};
+    for (int i = 0; i < 5; i++) tg_tensor_release(rel[i]);
+}

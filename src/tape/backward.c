@@ -135,7 +135,7 @@ tg_status tg__sweep_value_of(sweep_state *s, int64_t j, tg_tensor **out)
         *out = p->ckpt ? p->ckpt : p->out_saved;
         return TG_OK;
     }
-    if (p->consumed || (!p->recompute && !tg__node_saves_inputs(p)))
+    if (p->consumed || (!p->recompute && !tg__node_keeps_inputs(p)))
         return tg__err(TG_ERR_STALE, "recompute needs the output of '%s', which an earlier "
                                      "tg_backward freed", p->op->name);
     if (!s->vals[j]) {

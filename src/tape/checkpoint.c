@@ -26,8 +26,9 @@
  *
  * A recompute node whose producer saves its own output (TG_SAVE_OUTPUT)
  * reads the value there instead of keeping a checkpoint. Under BUDGET, when
- * a checkpoint does not fit, a producer that saves all its inputs (matmul)
- * is re-run from them instead. */
+ * a checkpoint does not fit, a producer that keeps all its inputs (matmul
+ * saves both; affine saves x and W and borrows its leaf bias) is re-run
+ * from them instead. */
 #include <math.h>
 
 #include "tape/tape_internal.h"
@@ -44,10 +45,10 @@ static size_t save_cost(const tg_op *op, int nin, tg_tensor *const *seen, const 
     return b;
 }
 
-bool tg__node_saves_inputs(const tg_node *n)
+bool tg__node_keeps_inputs(const tg_node *n)
 {
     for (int i = 0; i < n->nin; i++)
-        if (!n->in_saved[i]) return false;
+        if (!n->in_saved[i] && !n->in_val[i]) return false;
     return true;
 }
 
@@ -68,7 +69,7 @@ static size_t recompute_cost(const tg_tape *tape, int nin, tg_tensor *const *in,
                 if (p->segment && p->segment != tape->segment_id) b += tg__kept_bytes(in[i]);
                 continue;
             }
-            if (checkpoints || !tg__node_saves_inputs(p)) b += tg__kept_bytes(in[i]);
+            if (checkpoints || !tg__node_keeps_inputs(p)) b += tg__kept_bytes(in[i]);
         } else if (!tracked[i]) {
             b += tg__kept_bytes(in[i]);
         }
@@ -94,7 +95,7 @@ static size_t reclaimable(const tg_tape *tape)
     size_t b = 0;
     for (int64_t i = 0; i < tape->nnodes; i++) {
         const tg_node *p = &tape->nodes[i];
-        if (p->ckpt && tg__node_saves_inputs(p)) b += tg__kept_bytes(p->ckpt);
+        if (p->ckpt && tg__node_keeps_inputs(p)) b += tg__kept_bytes(p->ckpt);
     }
     return b;
 }
@@ -104,7 +105,7 @@ static void evict(tg_tape *tape, size_t need)
     size_t freed = 0;
     for (int64_t i = tape->nnodes - 1; i >= 0 && freed < need; i--) {
         tg_node *p = &tape->nodes[i];
-        if (!p->ckpt || !tg__node_saves_inputs(p)) continue;
+        if (!p->ckpt || !tg__node_keeps_inputs(p)) continue;
         size_t b = tg__kept_bytes(p->ckpt);
         tg_tensor_release(p->ckpt);
         p->ckpt = NULL;

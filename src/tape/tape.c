@@ -257,6 +257,9 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         n->in_val_owned[i] = false;
         n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i))) ? tg_tensor_retain(seen[i]) : NULL;
         charge(tape, n, tg__kept_bytes(n->in_saved[i]));
+        /* A saving node borrows the leaves it does not save (affine's bias):
+         * free, and with them it can be re-run from what it keeps. */
+        if (!recompute && !n->in_saved[i] && tracked[i] && in[i]->is_leaf) n->in_val[i] = in[i];
     }
     n->out_saved = tg_tensor_retain(saved_out);
     charge(tape, n, tg__tensor_bytes(saved_out));
@@ -276,7 +279,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
                 /* An interior input: recomputed from its producer, or kept
                  * there once as a checkpoint for every recompute consumer. */
                 tg_node *p = &tape->nodes[n->in_node[i]];
-                bool saving = !p->recompute && (checkpoints || !tg__node_saves_inputs(p));
+                bool saving = !p->recompute && (checkpoints || !tg__node_keeps_inputs(p));
                 /* A value leaving a segment is that segment's boundary:
                  * kept, so backward re-runs one segment at a time. */
                 bool boundary = p->recompute && p->segment && p->segment != n->segment;

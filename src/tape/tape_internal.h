@@ -24,7 +24,8 @@ typedef struct tg_node {
      * its own: backward re-runs its forward from the values of its inputs,
      * found through in_node (the producing node of this generation) or
      * in_val (a leaf, borrowed: the tape's leaf list holds it; or an
-     * untracked input, retained). */
+     * untracked input, retained). A saving node borrows in in_val the
+     * leaves it does not save, so that it can be re-run too. */
     bool recompute;
     bool remake_extra;                   /* its forward kept extras: backward re-runs it */
     int64_t in_node[TG_OP_MAX_INPUTS];   /* -1: not an interior result */
@@ -99,8 +100,9 @@ TG_INTERNAL tg_status tg__tape_choose(struct tg_tape *tape, const tg_op *op, int
                                       tg_tensor *const *in, tg_tensor *const *seen,
                                       const bool *tracked, tg_tensor *out, tg_tensor *const *extra,
                                       int nextra, bool *recompute, bool *checkpoints);
-/* A saving node that keeps every input can be re-run from its saves. */
-TG_INTERNAL bool tg__node_saves_inputs(const tg_node *n);
+/* Whether a saving node keeps every input (saved, or a leaf it borrows),
+ * so that backward can re-run it from what it keeps. */
+TG_INTERNAL bool tg__node_keeps_inputs(const tg_node *n);
 TG_INTERNAL void tg__tape_ref(struct tg_tape *tape);
 
 #endif
