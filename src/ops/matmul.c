@@ -221,11 +221,45 @@ static tg_tensor *affine_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return y;
 }
 
+/* A contiguous g (the usual case): the same GEMM and reduction kernel calls
+ * that matmul and sum_to would make for these shapes (so the same bits),
+ * without dispatching three ops. Degenerate dims take the general path,
+ * where matmul's layout rules pick other kernel arguments. */
+static tg_tensor *grad_out(const tg_tensor *like, int ndim, const int64_t *shape)
+{
+    tg_tensor *t = tg__tensor_empty(like->dtype, ndim, shape, like->backend);
+    return t ? tg__scope_track(t) : NULL;
+}
+
+static tg_status affine_bwd_direct(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin, int64_t m,
+                                   int64_t n, int64_t k)
+{
+    tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
+    const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0);
+    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, g);
+    const void *gp = tg__tensor_ptr(g);
+    if (tg_op_ctx_needs_grad(ctx, 0)) {
+        if (!(gin[0] = grad_out(g, xs->ndim, xs->shape))) return tg_last_error();
+        gemm(false, false, m, k, n, gp, n, tg__tensor_ptr(w), k, 0.0, tg__tensor_ptr(gin[0]), k);
+    }
+    if (tg_op_ctx_needs_grad(ctx, 1)) {
+        if (!(gin[1] = grad_out(g, 2, (int64_t[]){n, k}))) return tg_last_error();
+        gemm(true, false, n, k, m, gp, n, tg__tensor_ptr(x), k, 0.0, tg__tensor_ptr(gin[1]), k);
+    }
+    if (tg_op_ctx_needs_grad(ctx, 2)) {
+        if (!(gin[2] = grad_out(g, 1, &n))) return tg_last_error();
+        tg_reduce r = {.ndim = 2, .shape = {m, n}, .reduce = {true, false}};
+        TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, g)(&r, gp, tg__tensor_ptr(gin[2]));
+    }
+    return TG_OK;
+}
+
 static tg_status affine_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
     const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0), *bs = tg_op_ctx_input_spec(ctx, 2);
     int64_t n = w->shape[0], k = w->shape[1], m = tg__numel(xs->ndim - 1, xs->shape);
+    if (g->contiguous && m > 1 && n > 1 && k > 1) return affine_bwd_direct(ctx, g, gin, m, n, k);
     tg_tensor *g2 = g->ndim == 2 ? g : tg_reshape(g, 2, (int64_t[]){m, n});
     if (!g2) return tg_last_error();
     if (tg_op_ctx_needs_grad(ctx, 0)) {

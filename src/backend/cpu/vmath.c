@@ -209,7 +209,7 @@ static inline float blend(int32_t m, float x, float y)
         }                                                                           \
     }                                                                               \
     /* Cross-entropy rows: logp = (x - max) - log(sum e^(x - max)), the sum in      \
-     * double; loss = mean of -logp[target]. */                                     \
+     * double (8 lanes, then their sum); loss = mean of -logp[target]. */           \
     ATTR static void ce_fwd_f32_##SFX(int64_t N, int64_t C, const void *xv, const int64_t *t, \
                                       void *lv, void *lossv)                        \
     {                                                                               \
@@ -219,16 +219,28 @@ static inline float blend(int32_t m, float x, float y)
         for (int64_t i = 0; i < N; i++) {                                           \
             const float *restrict xr = x + i * C;                                   \
             float *restrict yr = lp + i * C;                                        \
-            float mx = -INFINITY;                                                   \
-            for (int64_t j = 0; j < C; j++) mx = xr[j] > mx ? xr[j] : mx;           \
-            for (int64_t j = 0; j < C; j++) yr[j] = xr[j] - mx;                     \
-            double sum = 0.0;                                                       \
+            /* the max in 16 lanes (exact: any order gives it), then the   \
+             * sum of e^(x - max) in 8 double lanes: no serial chain of    \
+             * compares or double adds along the row */                    \
+            float ml[16];                                                           \
+            for (int k = 0; k < 16; k++) ml[k] = -INFINITY;                         \
+            int64_t j = 0;                                                          \
+            for (; j + 16 <= C; j += 16)                                            \
+                for (int k = 0; k < 16; k++) ml[k] = xr[j + k] > ml[k] ? xr[j + k] : ml[k]; \
+            for (; j < C; j++) ml[0] = xr[j] > ml[0] ? xr[j] : ml[0];               \
+            float mx = ml[0];                                                       \
+            for (int k = 1; k < 16; k++) mx = ml[k] > mx ? ml[k] : mx;              \
+            for (j = 0; j < C; j++) yr[j] = xr[j] - mx;                             \
+            double sl[8] = {0};                                                     \
             for (int64_t j0 = 0; j0 < C; j0 += CE_CHUNK) {                          \
                 float e[CE_CHUNK];                                                  \
-                int64_t m = C - j0 < CE_CHUNK ? C - j0 : CE_CHUNK;                  \
-                for (int64_t k = 0; k < m; k++) e[k] = exp_core_##SFX(yr[j0 + k]);  \
-                for (int64_t k = 0; k < m; k++) sum += (double)e[k];                \
+                int64_t m = C - j0 < CE_CHUNK ? C - j0 : CE_CHUNK, k = 0;           \
+                for (int64_t q = 0; q < m; q++) e[q] = exp_core_##SFX(yr[j0 + q]);  \
+                for (; k + 8 <= m; k += 8)                                          \
+                    for (int l = 0; l < 8; l++) sl[l] += (double)e[k + l];          \
+                for (; k < m; k++) sl[0] += (double)e[k];                           \
             }                                                                       \
+            double sum = ((sl[0] + sl[1]) + (sl[2] + sl[3])) + ((sl[4] + sl[5]) + (sl[6] + sl[7])); \
             float lse = (float)log(sum);                                            \
             for (int64_t j = 0; j < C; j++) yr[j] -= lse;                           \
             acc -= (double)yr[t[i]];                                                \
