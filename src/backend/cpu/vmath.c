@@ -72,6 +72,19 @@ static inline float blend(int32_t m, float x, float y)
         *lo_out = lo, *hi_out = hi;                                                 \
     }
 
+/* The body of an elementwise loop over n floats xv -> yv, run per chunk of
+ * CHUNK with m, x, y and the chunk's |x| range lo, hi in scope. */
+#define CHUNKS(SFX, ...)                                                            \
+    for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {                                     \
+        int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;                                \
+        const float *restrict x = (const float *)xv + i0;                           \
+        float *restrict y = (float *)yv + i0;                                       \
+        int32_t lo, hi;                                                             \
+        abs_range_##SFX(m, x, &lo, &hi);                                            \
+        (void)lo;                                                                   \
+        __VA_ARGS__                                                                 \
+    }
+
 #define VMATH_CORES(SFX, MADD)                                                          \
     /* e^x = 2^n e^r: n, the nearest integer to x log2(e), by the 1.5 * 2^23     \
      * rounding constant (whose low mantissa bits then hold n); r = x - n ln2     \
@@ -142,10 +155,22 @@ static inline float blend(int32_t m, float x, float y)
         float e = exp_clamped_##SFX(blend(-(int32_t)(t > 88.37626f), 88.37626f, t)); \
         return bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                     \
     }                                                                               \
+    /* The same for 0.625 <= |x| < 44, where e^2|x| needs no clamp. */             \
+    static inline float tanh_mid_##SFX(float x)                                     \
+    {                                                                               \
+        int32_t sign = f_bits(x) & INT32_MIN;                                       \
+        float e = exp_clamped_##SFX(2.0f * bits_f(f_bits(x) & INT32_MAX));          \
+        return bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                     \
+    }                                                                               \
     static inline float tanh_core_##SFX(float x)                                    \
     {                                                                               \
         float a = bits_f(f_bits(x) & INT32_MAX);                                    \
         return blend(-(int32_t)(a < 0.625f), tanh_small_##SFX(x), tanh_big_##SFX(x)); \
+    }                                                                               \
+    static inline float tanh_mixed_##SFX(float x) /* |x| < 44 */                    \
+    {                                                                               \
+        float a = bits_f(f_bits(x) & INT32_MAX);                                    \
+        return blend(-(int32_t)(a < 0.625f), tanh_small_##SFX(x), tanh_mid_##SFX(x)); \
     }
 
 #define VMATH_LOOPS(SFX, ATTR, MADD)                                                \
@@ -161,52 +186,32 @@ static inline float blend(int32_t m, float x, float y)
     ATTR static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
     {                                                                               \
         (void)p;                                                                    \
-        for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {                                 \
-            int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;                            \
-            const float *restrict x = (const float *)xv + i0;                       \
-            float *restrict y = (float *)yv + i0;                                   \
-            int32_t lo, hi;                                                         \
-            abs_range_##SFX(m, x, &lo, &hi);                                        \
-            if (hi < EXP_SAFE_BITS) /* e^x normal: no clamp, one 2^n factor */      \
-                for (int64_t i = 0; i < m; i++) y[i] = exp_clamped_##SFX(x[i]);     \
-            else                                                                    \
-                for (int64_t i = 0; i < m; i++) y[i] = exp_full_##SFX(x[i]);        \
-        }                                                                           \
+        CHUNKS(SFX, if (hi < EXP_SAFE_BITS) /* e^x normal: no clamp, one 2^n factor */ \
+                        for (int64_t i = 0; i < m; i++) y[i] = exp_clamped_##SFX(x[i]); \
+                    else for (int64_t i = 0; i < m; i++) y[i] = exp_full_##SFX(x[i]);) \
     }                                                                               \
     ATTR static void tanh_f32_##SFX(int64_t n, const void *xv, void *yv, double p)  \
     {                                                                               \
         (void)p;                                                                    \
-        for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {                                 \
-            int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;                            \
-            const float *restrict x = (const float *)xv + i0;                       \
-            float *restrict y = (float *)yv + i0;                                   \
-            int32_t lo, hi;                                                         \
-            abs_range_##SFX(m, x, &lo, &hi);                                        \
-            if (lo >= TANH_SPLIT_BITS)                                              \
-                for (int64_t i = 0; i < m; i++) y[i] = tanh_big_##SFX(x[i]);        \
-            else if (hi < TANH_SPLIT_BITS)                                          \
-                for (int64_t i = 0; i < m; i++) y[i] = tanh_small_##SFX(x[i]);      \
-            else                                                                    \
-                for (int64_t i = 0; i < m; i++) y[i] = tanh_core_##SFX(x[i]);       \
-        }                                                                           \
+        CHUNKS(SFX, if (lo >= TANH_SPLIT_BITS && hi < TANH_NOCLAMP_BITS)            \
+                        for (int64_t i = 0; i < m; i++) y[i] = tanh_mid_##SFX(x[i]);    \
+                    else if (lo >= TANH_SPLIT_BITS)                                     \
+                        for (int64_t i = 0; i < m; i++) y[i] = tanh_big_##SFX(x[i]);    \
+                    else if (hi < TANH_SPLIT_BITS)                                      \
+                        for (int64_t i = 0; i < m; i++) y[i] = tanh_small_##SFX(x[i]);  \
+                    else if (hi < TANH_NOCLAMP_BITS)                                    \
+                        for (int64_t i = 0; i < m; i++) y[i] = tanh_mixed_##SFX(x[i]);  \
+                    else for (int64_t i = 0; i < m; i++) y[i] = tanh_core_##SFX(x[i]);) \
     }                                                                               \
     /* 1 / (1 + e^-x); e^-x saturates at e^88.4 for very negative x, giving ~0. */  \
     ATTR static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p) \
     {                                                                               \
         (void)p;                                                                    \
-        for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {                                 \
-            int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;                            \
-            const float *restrict x = (const float *)xv + i0;                       \
-            float *restrict y = (float *)yv + i0;                                   \
-            int32_t lo, hi;                                                         \
-            abs_range_##SFX(m, x, &lo, &hi);                                        \
-            if (hi < EXP_SAFE_BITS)                                                 \
-                for (int64_t i = 0; i < m; i++)                                     \
-                    y[i] = 1.0f / (1.0f + exp_clamped_##SFX(-x[i]));                \
-            else                                                                    \
-                for (int64_t i = 0; i < m; i++)                                     \
-                    y[i] = 1.0f / (1.0f + exp_core_##SFX(-x[i]));                   \
-        }                                                                           \
+        CHUNKS(SFX, if (hi < EXP_SAFE_BITS)                                         \
+                        for (int64_t i = 0; i < m; i++)                                 \
+                            y[i] = 1.0f / (1.0f + exp_clamped_##SFX(-x[i]));            \
+                    else for (int64_t i = 0; i < m; i++)                                \
+                            y[i] = 1.0f / (1.0f + exp_core_##SFX(-x[i]));)              \
     }                                                                               \
     /* Cross-entropy rows: logp = (x - max) - log(sum e^(x - max)), the sum in      \
      * double (8 lanes, then their sum); loss = mean of -logp[target]. */           \
@@ -262,6 +267,7 @@ static inline float blend(int32_t m, float x, float y)
 #define CE_CHUNK 256
 #define CHUNK 1024                 /* floats per range check (4 KiB) */
 #define TANH_SPLIT_BITS 0x3F200000 /* 0.625f */
+#define TANH_NOCLAMP_BITS 0x42300000 /* 44.0f: below it e^2|x| < e^88, no clamp */
 #define EXP_SAFE_BITS 0x42AEAC4F   /* 87.33654f: |x| below it needs no clamp */
 #define MADD_SEPARATE(a, b, c) ((a) * (b) + (c))
 #define MADD_FUSED(a, b, c) __builtin_fmaf((a), (b), (c))
