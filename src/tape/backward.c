@@ -20,8 +20,8 @@ static bool sole_holder(const tg_tensor *t, const tg_tensor *src)
 {
     return t->refcount == 1 && t->storage->refcount == 1 && t->contiguous && src->contiguous &&
            !t->scope_owned && !t->tape && t != src && t->storage != src->storage &&
-           t->dtype == src->dtype &&
-           t->backend == src->backend && tg__same_shape(t->ndim, t->shape, src->ndim, src->shape);
+           t->dtype == src->dtype && t->backend == src->backend &&
+           tg__same_shape(t->ndim, t->shape, src->ndim, src->shape);
 }
 
 static tg_status accumulate(tg_tensor **dst, tg_tensor *src)
