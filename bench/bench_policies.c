@@ -253,9 +253,11 @@ int main(int argc, char **argv)
     static const char *const names[4] = {"elementwise", "deep", "wide", "lstm"};
     tg_rng rng;
     tg_rng_seed(&rng, 7);
+    int nth = tg_num_threads();
     printf("checkpoint policies: median of %d-%d interleaved runs (more for shorter steps), f32, "
-           "cpu backend, allocator %s%s\n",
-           runs, quick ? runs : MAX_RUNS, tg_mem_allocator(), quick ? " (quick: not a measurement)" : "");
+           "cpu backend, %d thread%s (OPENBLAS_NUM_THREADS), allocator %s%s\n",
+           runs, quick ? runs : MAX_RUNS, nth, nth == 1 ? "" : "s", tg_mem_allocator(),
+           quick ? " (quick: not a measurement)" : "");
     printf("%-12s %-9s %10s %8s %14s %14s %12s %10s\n", "workload", "policy", "fwd+bwd ms",
            "x none", "saved peak MB", "tensor peak MB", "lean peak MB", "recomputes");
     for (int k = 0; k < 4; k++) {
