@@ -1,7 +1,7 @@
 /* cpu backend: f32 exp, tanh, sigmoid and cross-entropy as branch-free polynomial loops
  * the compiler vectorizes (libm's scalar calls dominated elementwise
  * workloads). Cephes' single-precision schemes: exp by n ln2 + r range
- * reduction and a degree-6 polynomial, tanh by an odd polynomial below
+ * reduction and 1 + r + r^2 P(r), P of degree 5, tanh by an odd polynomial below
  * 0.625 and 1 - 2 / (e^2|x| + 1) above. Errors stay within a few ulp of
  * libm's, which the ref-vs-cpu tests check (ref keeps libm); over every
  * 97th bit pattern, against double libm, exp is within 1.0 ulp, tanh 1.3
