@@ -1,13 +1,12 @@
-/* cpu backend: f32 exp, tanh, sigmoid and cross-entropy as branch-free polynomial loops
- * the compiler vectorizes (libm's scalar calls dominated elementwise
- * workloads). Cephes' single-precision schemes: exp by n ln2 + r range
- * reduction and 1 + r + r^2 P(r), P of degree 5, tanh by an odd polynomial below
- * 0.625 and 1 - 2 / (e^2|x| + 1) above. Errors stay within a few ulp of
- * libm's, which the ref-vs-cpu tests check (ref keeps libm); over every
- * 97th bit pattern, against double libm, exp is within 1.0 ulp, tanh 1.3
- * and sigmoid 2.3 (2.4 on baseline). The exp op covers the whole float
- * range (subnormal results, +inf on overflow); sigmoid and cross-entropy
- * clamp e^x to the normal range. */
+/* cpu backend: f32 exp, tanh, sigmoid and cross-entropy as branch-free loops
+ * (libm's scalar calls dominated elementwise workloads). exp (the op, and
+ * inside sigmoid and tanh) by a 16-entry table scheme (below); tanh by
+ * Cephes' odd polynomial below |x| = 0.625 and 1 - 2 / (e^2|x| + 1) above;
+ * cross-entropy's exp by Cephes' n ln2 + r reduction and 1 + r + r^2 P(r),
+ * P of degree 5. Against double libm, over every 97th float bit pattern:
+ * exp within 0.68 ulp, tanh 1.31, sigmoid 2.42. The exp op covers the whole
+ * float range (subnormal results, +inf on overflow). The ref-vs-cpu tests
+ * check them against ref, which keeps libm. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -32,6 +31,7 @@
  * tensor a process computes goes through the same variant. */
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define TG_VMATH_MULTI 1
+#include <immintrin.h>
 #endif
 
 /* Branch-free scalar cores; selects are bit blends so every variant
@@ -55,6 +55,33 @@ static inline float blend(int32_t m, float x, float y)
 {
     return bits_f((f_bits(x) & m) | (f_bits(y) & ~m));
 }
+
+/* The exp op, sigmoid and tanh take e^x = 2^k 2^(j/16) e^r: n = 16k + j,
+ * the nearest integer to x 16/ln2 (by the 1.5 * 2^23 rounding constant,
+ * whose low mantissa bits then hold n), r = x - n ln2/16 in two steps
+ * (|r| <= ln2/32), e^r - 1 by r (1 + r (1/2 + r/6)), 2^(j/16) from a
+ * 16-entry table as a float and the float nearest the rest, and 2^k added
+ * into the exponent field. Seven multiply-adds an element where Cephes'
+ * scheme needs eleven; tanh's and sigmoid's loops are then bound by their
+ * division as much as by the FMA unit. The AVX2 and AVX-512 variants look
+ * the table up with register permutes (vmath_simd.h); the scalar cores
+ * (baseline, and the tails of those loops) index it, with the same
+ * arithmetic. Cross-entropy keeps Cephes' exp, whose loop the compiler
+ * vectorizes as plain C. */
+static const float texp_hi[16] = {
+    1.000000000e+00f, 1.044273734e+00f, 1.090507746e+00f, 1.138788581e+00f,
+    1.189207077e+00f, 1.241857767e+00f, 1.296839595e+00f, 1.354255557e+00f,
+    1.414213538e+00f, 1.476826191e+00f, 1.542210817e+00f, 1.610490322e+00f,
+    1.681792855e+00f, 1.756252170e+00f, 1.834008098e+00f, 1.915206552e+00f};
+static const float texp_lo[16] = {
+    0.000000000e+00f, 4.833470157e-08f,  -1.307753994e-08f, 5.386222313e-08f,
+    3.797635273e-08f, 4.496838102e-08f,  -4.018999533e-08f, -1.012334927e-08f,
+    2.420323497e-08f, -4.500898854e-08f, 8.070904833e-09f,  9.836217174e-09f,
+    -2.475532668e-08f, -9.235770371e-09f, -1.123927795e-08f, 9.845328108e-09f};
+#define TEXP_L16 2.308312035e+01f              /* 16 / ln 2 */
+#define TEXP_C1 (0.693359375f / 16.0f)         /* ln2 / 16 = C1 - C2, C1 short */
+#define TEXP_C2 (2.12194440e-4f / 16.0f)
+#define TEXP_R3 1.66666672e-1f                 /* 1/6 */
 
 /* Smallest and largest bit pattern of |x[i]| over m > 0 floats; for
  * non-negative floats the integer order of the bits is the numeric order,
@@ -88,7 +115,7 @@ static inline float blend(int32_t m, float x, float y)
 #define VMATH_CORES(SFX, MADD)                                                          \
     /* e^x = 2^n e^r: n, the nearest integer to x log2(e), by the 1.5 * 2^23     \
      * rounding constant (whose low mantissa bits then hold n); r = x - n ln2     \
-     * in two steps; e^r by a degree-6 polynomial, returned with n. Unsigned     \
+     * in two steps; e^r by 1 + r + r^2 P(r), returned with n. Unsigned          \
      * arithmetic, so that a NaN's garbage n is not undefined behaviour. */      \
     static inline float exp_poly_##SFX(float x, int32_t *n_out)                     \
     {                                                                               \
@@ -112,27 +139,46 @@ static inline float blend(int32_t m, float x, float y)
         float y = exp_poly_##SFX(x, &n);                                            \
         return y * bits_f((int32_t)(((uint32_t)n + 127u) << 23));                   \
     }                                                                               \
-    /* Sigmoid's and cross-entropy's e^x: clamped to the normal range. */           \
+    /* Cross-entropy's e^x (Cephes): clamped to the normal range. */               \
     static inline float exp_core_##SFX(float x)                                     \
     {                                                                               \
         x = blend(-(int32_t)(x > 88.37626f), 88.37626f, x);                         \
         x = blend(-(int32_t)(x < -87.33654f), -87.33654f, x);                       \
         return exp_clamped_##SFX(x);                                                \
     }                                                                               \
-    /* The exp op's e^x over the whole float range: x is clamped to [-104, 89]      \
-     * (outside it the result is 0 or +inf anyway) and 2^n, n in [-150, 128],       \
-     * is applied as two normal factors, so results near overflow are finite        \
-     * where they should be, overflow gives +inf and tiny ones round once into      \
-     * the subnormals. */                                                           \
-    static inline float exp_full_##SFX(float x)                                     \
+    /* 2^(j/16) e^r of the table scheme above, n = 16k + j returned. */            \
+    static inline float texp_poly_##SFX(float x, int32_t *n_out)                    \
+    {                                                                               \
+        float t = MADD(x, TEXP_L16, 12582912.0f);                                   \
+        float n = t - 12582912.0f;                                                  \
+        int32_t ni = (int32_t)((uint32_t)f_bits(t) - 0x4B400000u);                  \
+        float r = MADD(n, TEXP_C2, MADD(-n, TEXP_C1, x));                           \
+        float p = MADD(MADD(TEXP_R3, r, 0.5f), r, 1.0f) * r;                        \
+        float th = texp_hi[ni & 15];                                                \
+        *n_out = ni;                                                                \
+        return MADD(th, p, texp_lo[ni & 15]) + th;                                  \
+    }                                                                               \
+    /* e^x where the result is normal: |x| < 87, or x in [0, 88.37626]. */         \
+    static inline float texp_fast_##SFX(float x)                                    \
+    {                                                                               \
+        int32_t n;                                                                  \
+        float y = texp_poly_##SFX(x, &n);                                           \
+        return bits_f((int32_t)((uint32_t)f_bits(y) + ((uint32_t)(n >> 4) << 23))); \
+    }                                                                               \
+    /* e^x over the whole float range: x clamped to [-104, 89] (outside it the     \
+     * result is 0 or +inf anyway) and 2^k, k in [-151, 128], applied as two       \
+     * normal factors, so results near overflow are finite where they should be,   \
+     * overflow gives +inf and tiny results round once into the subnormals. For    \
+     * normal results the same bits as texp_fast. */                              \
+    static inline float texp_full_##SFX(float x)                                    \
     {                                                                               \
         x = blend(-(int32_t)(x > 89.0f), 89.0f, x);                                 \
         x = blend(-(int32_t)(x < -104.0f), -104.0f, x);                             \
         int32_t n;                                                                  \
-        float y = exp_poly_##SFX(x, &n);                                            \
-        int32_t n1 = n >> 1, n2 = n - n1;                                           \
-        float s1 = bits_f((int32_t)(((uint32_t)n1 + 127u) << 23));                  \
-        float s2 = bits_f((int32_t)(((uint32_t)n2 + 127u) << 23));                  \
+        float y = texp_poly_##SFX(x, &n);                                           \
+        int32_t k = n >> 4, k1 = k >> 1, k2 = k - k1;                               \
+        float s1 = bits_f((int32_t)(((uint32_t)k1 + 127u) << 23));                  \
+        float s2 = bits_f((int32_t)(((uint32_t)k2 + 127u) << 23));                  \
         return (y * s1) * s2;                                                       \
     }                                                                               \
     /* tanh below |x| = 0.625: an odd polynomial in x. */                           \
@@ -152,14 +198,14 @@ static inline float blend(int32_t m, float x, float y)
         int32_t sign = f_bits(x) & INT32_MIN;                                       \
         /* 2|x| >= 0 (or NaN): only the upper clamp can apply */                    \
         float t = 2.0f * bits_f(f_bits(x) & INT32_MAX);                             \
-        float e = exp_clamped_##SFX(blend(-(int32_t)(t > 88.37626f), 88.37626f, t)); \
+        float e = texp_fast_##SFX(blend(-(int32_t)(t > 88.37626f), 88.37626f, t));  \
         return bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                     \
     }                                                                               \
     /* The same for 0.625 <= |x| < 44, where e^2|x| needs no clamp. */             \
     static inline float tanh_mid_##SFX(float x)                                     \
     {                                                                               \
         int32_t sign = f_bits(x) & INT32_MIN;                                       \
-        float e = exp_clamped_##SFX(2.0f * bits_f(f_bits(x) & INT32_MAX));          \
+        float e = texp_fast_##SFX(2.0f * bits_f(f_bits(x) & INT32_MAX));            \
         return bits_f(f_bits(1.0f - 2.0f / (e + 1.0f)) ^ sign);                     \
     }                                                                               \
     static inline float tanh_core_##SFX(float x)                                    \
@@ -173,9 +219,7 @@ static inline float blend(int32_t m, float x, float y)
         return blend(-(int32_t)(a < 0.625f), tanh_small_##SFX(x), tanh_mid_##SFX(x)); \
     }
 
-#define VMATH_LOOPS(SFX, ATTR, MADD)                                                \
-    ABS_RANGE(ATTR, SFX)                                                            \
-    VMATH_CORES(SFX, MADD)                                                          \
+#define VMATH_LOOPS(SFX, ATTR)                                                      \
     /* The elementwise loops go over chunks of CHUNK floats, first finding the      \
      * smallest and largest |x| of the chunk from the bits (NaN compares above      \
      * every number, as it does in the cores' blends). A chunk that lies            \
@@ -186,32 +230,25 @@ static inline float blend(int32_t m, float x, float y)
     ATTR static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
     {                                                                               \
         (void)p;                                                                    \
-        CHUNKS(SFX, if (hi < EXP_SAFE_BITS) /* e^x normal: no clamp, one 2^n factor */ \
-                        for (int64_t i = 0; i < m; i++) y[i] = exp_clamped_##SFX(x[i]); \
-                    else for (int64_t i = 0; i < m; i++) y[i] = exp_full_##SFX(x[i]);) \
+        CHUNKS(SFX, if (hi < EXP_SAFE_BITS) vexp_fast_##SFX(m, x, y); /* normal */  \
+                    else vexp_full_##SFX(m, x, y);)                                 \
     }                                                                               \
     ATTR static void tanh_f32_##SFX(int64_t n, const void *xv, void *yv, double p)  \
     {                                                                               \
         (void)p;                                                                    \
         CHUNKS(SFX, if (lo >= TANH_SPLIT_BITS && hi < TANH_NOCLAMP_BITS)            \
-                        for (int64_t i = 0; i < m; i++) y[i] = tanh_mid_##SFX(x[i]);    \
-                    else if (lo >= TANH_SPLIT_BITS)                                     \
-                        for (int64_t i = 0; i < m; i++) y[i] = tanh_big_##SFX(x[i]);    \
-                    else if (hi < TANH_SPLIT_BITS)                                      \
-                        for (int64_t i = 0; i < m; i++) y[i] = tanh_small_##SFX(x[i]);  \
-                    else if (hi < TANH_NOCLAMP_BITS)                                    \
-                        for (int64_t i = 0; i < m; i++) y[i] = tanh_mixed_##SFX(x[i]);  \
-                    else for (int64_t i = 0; i < m; i++) y[i] = tanh_core_##SFX(x[i]);) \
+                        vtanh_mid_##SFX(m, x, y);                                   \
+                    else if (lo >= TANH_SPLIT_BITS) vtanh_big_##SFX(m, x, y);       \
+                    else if (hi < TANH_SPLIT_BITS) vtanh_small_##SFX(m, x, y);      \
+                    else if (hi < TANH_NOCLAMP_BITS) vtanh_mixed_##SFX(m, x, y);    \
+                    else vtanh_core_##SFX(m, x, y);)                                \
     }                                                                               \
-    /* 1 / (1 + e^-x); e^-x saturates at e^88.4 for very negative x, giving ~0. */  \
+    /* 1 / (1 + e^-x): for very negative x, e^-x is +inf and the result 0. */      \
     ATTR static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p) \
     {                                                                               \
         (void)p;                                                                    \
-        CHUNKS(SFX, if (hi < EXP_SAFE_BITS)                                         \
-                        for (int64_t i = 0; i < m; i++)                                 \
-                            y[i] = 1.0f / (1.0f + exp_clamped_##SFX(-x[i]));            \
-                    else for (int64_t i = 0; i < m; i++)                                \
-                            y[i] = 1.0f / (1.0f + exp_core_##SFX(-x[i]));)              \
+        CHUNKS(SFX, if (hi < EXP_SAFE_BITS) vsigmoid_fast_##SFX(m, x, y);           \
+                    else vsigmoid_full_##SFX(m, x, y);)                             \
     }                                                                               \
     /* Cross-entropy rows: logp = (x - max) - log(sum e^(x - max)), the sum in      \
      * double (8 lanes, then their sum); loss = mean of -logp[target]. */           \
@@ -268,20 +305,131 @@ static inline float blend(int32_t m, float x, float y)
 #define CHUNK 1024                 /* floats per range check (4 KiB) */
 #define TANH_SPLIT_BITS 0x3F200000 /* 0.625f */
 #define TANH_NOCLAMP_BITS 0x42300000 /* 44.0f: below it e^2|x| < e^88, no clamp */
-#define EXP_SAFE_BITS 0x42AEAC4F   /* 87.33654f: |x| below it needs no clamp */
+#define EXP_SAFE_BITS 0x42AE0000   /* 87.0f: |x| below it, e^x is normal */
 #define MADD_SEPARATE(a, b, c) ((a) * (b) + (c))
 #define MADD_FUSED(a, b, c) __builtin_fmaf((a), (b), (c))
-VMATH_LOOPS(base, , MADD_SEPARATE)
+
+/* Baseline: the loops vmath_simd.h gives the vector ISAs, as scalar loops
+ * over the cores (the compiler vectorizes what it can). */
+#define SCALAR_LOOP(SFX, name, expr)                                                \
+    static void name##_##SFX(int64_t m, const float *restrict x, float *restrict y) \
+    {                                                                               \
+        for (int64_t i = 0; i < m; i++) y[i] = expr;                                \
+    }
+#define SCALAR_LOOPS(SFX)                                                           \
+    SCALAR_LOOP(SFX, vexp_fast, texp_fast_##SFX(x[i]))                              \
+    SCALAR_LOOP(SFX, vexp_full, texp_full_##SFX(x[i]))                              \
+    SCALAR_LOOP(SFX, vsigmoid_fast, 1.0f / (1.0f + texp_fast_##SFX(-x[i])))         \
+    SCALAR_LOOP(SFX, vsigmoid_full, 1.0f / (1.0f + texp_full_##SFX(-x[i])))         \
+    SCALAR_LOOP(SFX, vtanh_mid, tanh_mid_##SFX(x[i]))                               \
+    SCALAR_LOOP(SFX, vtanh_big, tanh_big_##SFX(x[i]))                               \
+    SCALAR_LOOP(SFX, vtanh_small, tanh_small_##SFX(x[i]))                           \
+    SCALAR_LOOP(SFX, vtanh_mixed, tanh_mixed_##SFX(x[i]))                           \
+    SCALAR_LOOP(SFX, vtanh_core, tanh_core_##SFX(x[i]))
+
+ABS_RANGE(, base)
+VMATH_CORES(base, MADD_SEPARATE)
+SCALAR_LOOPS(base)
+VMATH_LOOPS(base, )
 #ifdef TG_VMATH_MULTI
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #pragma GCC optimize("no-trapping-math")
-VMATH_LOOPS(avx2, , MADD_FUSED)
+ABS_RANGE(, avx2)
+VMATH_CORES(avx2, MADD_FUSED)
+#define VSFX avx2
+#define VF __m256
+#define VI __m256i
+#define VW 8
+#define VSET1 _mm256_set1_ps
+#define VSET1I _mm256_set1_epi32
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VFMA _mm256_fmadd_ps
+#define VFNMA _mm256_fnmadd_ps
+#define VADD _mm256_add_ps
+#define VSUB _mm256_sub_ps
+#define VMUL _mm256_mul_ps
+#define VDIV _mm256_div_ps
+#define VMIN _mm256_min_ps
+#define VMAX _mm256_max_ps
+#define VAND _mm256_and_ps
+#define VXOR _mm256_xor_ps
+#define VCASTI _mm256_castps_si256
+#define VCASTF _mm256_castsi256_ps
+#define VIADD _mm256_add_epi32
+#define VISUB _mm256_sub_epi32
+#define VISRA _mm256_srai_epi32
+#define VISLL _mm256_slli_epi32
+/* 16 entries from two 8-lane permutes, bit 3 of the index choosing */
+#define VLUT16(tab, i)                                                              \
+    _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_loadu_ps(tab), (i)),           \
+                     _mm256_permutevar8x32_ps(_mm256_loadu_ps((tab) + 8), (i)),     \
+                     _mm256_castsi256_ps(_mm256_slli_epi32((i), 28)))
+#define VSELECT_LT(a, c, x, y) _mm256_blendv_ps((y), (x), _mm256_cmp_ps((a), (c), _CMP_LT_OQ))
+#include "backend/cpu/vmath_simd.h"
+VMATH_LOOPS(avx2, )
 #pragma GCC pop_options
+#undef VSFX
+#undef VF
+#undef VI
+#undef VW
+#undef VSET1
+#undef VSET1I
+#undef VLOAD
+#undef VSTORE
+#undef VFMA
+#undef VFNMA
+#undef VADD
+#undef VSUB
+#undef VMUL
+#undef VDIV
+#undef VMIN
+#undef VMAX
+#undef VAND
+#undef VXOR
+#undef VCASTI
+#undef VCASTF
+#undef VIADD
+#undef VISUB
+#undef VISRA
+#undef VISLL
+#undef VLUT16
+#undef VSELECT_LT
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,fma,prefer-vector-width=512")
 #pragma GCC optimize("no-trapping-math")
-VMATH_LOOPS(avx512, , MADD_FUSED)
+ABS_RANGE(, avx512)
+VMATH_CORES(avx512, MADD_FUSED)
+#define VSFX avx512
+#define VF __m512
+#define VI __m512i
+#define VW 16
+#define VSET1 _mm512_set1_ps
+#define VSET1I _mm512_set1_epi32
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VFMA _mm512_fmadd_ps
+#define VFNMA _mm512_fnmadd_ps
+#define VADD _mm512_add_ps
+#define VSUB _mm512_sub_ps
+#define VMUL _mm512_mul_ps
+#define VDIV _mm512_div_ps
+#define VMIN _mm512_min_ps
+#define VMAX _mm512_max_ps
+#define VAND _mm512_and_ps
+#define VXOR _mm512_xor_ps
+#define VCASTI _mm512_castps_si512
+#define VCASTF _mm512_castsi512_ps
+#define VIADD _mm512_add_epi32
+#define VISUB _mm512_sub_epi32
+#define VISRA _mm512_srai_epi32
+#define VISLL _mm512_slli_epi32
+#define VLUT16(tab, i) _mm512_permutexvar_ps((i), _mm512_loadu_ps(tab))
+#define VSELECT_LT(a, c, x, y)                                                      \
+    _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (c), _CMP_LT_OQ), (y), (x))
+#include "backend/cpu/vmath_simd.h"
+VMATH_LOOPS(avx512, )
 #pragma GCC pop_options
 #endif
 

@@ -1,0 +1,113 @@
+/* cpu backend, vmath.c only: the exp, sigmoid and tanh loops of one vector
+ * ISA, written once over the V* names vmath.c defines before including
+ * this file (AVX2: 8 lanes, AVX-512: 16). They do the IEEE operations of
+ * the scalar cores of the same suffix (VSFX) in the same order, so every
+ * element gets the bits the scalar core would give it, and the scalar
+ * cores finish each loop's tail. What needs the ISA is the table lookup
+ * (a register permute: VLUT16) and the lane compare-and-select. */
+#define VCAT2(a, b) a##b
+#define VCAT(a, b) VCAT2(a, b)
+#define VNAME(name) VCAT(name, VCAT(_, VSFX))
+
+/* 2^(j/16) e^r and n, as texp_poly. */
+static inline VF VNAME(etexp_poly)(VF x, VI *n_out)
+{
+    const VF magic = VSET1(12582912.0f);
+    VF t = VFMA(x, VSET1(TEXP_L16), magic);
+    VF n = VSUB(t, magic);
+    VI ni = VISUB(VCASTI(t), VSET1I(0x4B400000));
+    VF r = VFMA(n, VSET1(TEXP_C2), VFNMA(n, VSET1(TEXP_C1), x));
+    VF p = VMUL(VFMA(VFMA(VSET1(TEXP_R3), r, VSET1(0.5f)), r, VSET1(1.0f)), r);
+    VF th = VLUT16(texp_hi, ni), tl = VLUT16(texp_lo, ni);
+    *n_out = ni;
+    return VADD(VFMA(th, p, tl), th);
+}
+
+/* texp_fast: 2^k added into the exponent field. */
+static inline VF VNAME(etexp_fast)(VF x)
+{
+    VI n;
+    VF y = VNAME(etexp_poly)(x, &n);
+    return VCASTF(VIADD(VCASTI(y), VISLL(VISRA(n, 4), 23)));
+}
+
+/* texp_full: clamped to [-104, 89], 2^k as two normal factors. The clamps
+ * as min(c, x) and max(c, x): a NaN x passes, as in the scalar blends. */
+static inline VF VNAME(etexp_full)(VF x)
+{
+    x = VMAX(VSET1(-104.0f), VMIN(VSET1(89.0f), x));
+    VI n;
+    VF y = VNAME(etexp_poly)(x, &n);
+    VI k = VISRA(n, 4), k1 = VISRA(k, 1), k2 = VISUB(k, k1);
+    VF s1 = VCASTF(VISLL(VIADD(k1, VSET1I(127)), 23));
+    VF s2 = VCASTF(VISLL(VIADD(k2, VSET1I(127)), 23));
+    return VMUL(VMUL(y, s1), s2);
+}
+
+static inline VF VNAME(etanh_small)(VF x)
+{
+    VF z = VMUL(x, x);
+    VF p = VSET1(-5.70498872745e-3f);
+    p = VFMA(p, z, VSET1(2.06390887954e-2f));
+    p = VFMA(p, z, VSET1(-5.37397155531e-2f));
+    p = VFMA(p, z, VSET1(1.33314422036e-1f));
+    p = VFMA(p, z, VSET1(-3.33332819422e-1f));
+    return VFMA(VMUL(p, z), x, x);
+}
+
+/* sign(x) (1 - 2 / (e + 1)), e = e^2|x| with 2|x| clamped at 88.37626 (big)
+ * or not (mid, |x| < 44). */
+static inline VF VNAME(etanh_tail)(VF x, VF e)
+{
+    VF q = VSUB(VSET1(1.0f), VDIV(VSET1(2.0f), VADD(e, VSET1(1.0f))));
+    return VXOR(q, VAND(x, VCASTF(VSET1I(INT32_MIN))));
+}
+
+static inline VF VNAME(etanh_mid)(VF x)
+{
+    VF a = VAND(x, VCASTF(VSET1I(INT32_MAX)));
+    return VNAME(etanh_tail)(x, VNAME(etexp_fast)(VMUL(VSET1(2.0f), a)));
+}
+
+static inline VF VNAME(etanh_big)(VF x)
+{
+    VF a = VAND(x, VCASTF(VSET1I(INT32_MAX)));
+    VF t = VMIN(VSET1(88.37626f), VMUL(VSET1(2.0f), a));
+    return VNAME(etanh_tail)(x, VNAME(etexp_fast)(t));
+}
+
+/* The loops: m floats x -> y, vectors, then the scalar core for the tail. */
+#define VLOOP(name, vexpr, sexpr)                                                   \
+    static void VNAME(name)(int64_t m, const float *restrict x, float *restrict y)  \
+    {                                                                               \
+        int64_t i = 0;                                                              \
+        for (; i + VW <= m; i += VW) {                                              \
+            VF v = VLOAD(x + i);                                                    \
+            VSTORE(y + i, vexpr);                                                   \
+        }                                                                           \
+        for (; i < m; i++) y[i] = sexpr;                                            \
+    }
+VLOOP(vexp_fast, VNAME(etexp_fast)(v), VCAT(texp_fast_, VSFX)(x[i]))
+VLOOP(vexp_full, VNAME(etexp_full)(v), VCAT(texp_full_, VSFX)(x[i]))
+VLOOP(vsigmoid_fast,
+      VDIV(VSET1(1.0f), VADD(VSET1(1.0f), VNAME(etexp_fast)(VXOR(v, VCASTF(VSET1I(INT32_MIN)))))),
+      1.0f / (1.0f + VCAT(texp_fast_, VSFX)(-x[i])))
+VLOOP(vsigmoid_full,
+      VDIV(VSET1(1.0f), VADD(VSET1(1.0f), VNAME(etexp_full)(VXOR(v, VCASTF(VSET1I(INT32_MIN)))))),
+      1.0f / (1.0f + VCAT(texp_full_, VSFX)(-x[i])))
+VLOOP(vtanh_mid, VNAME(etanh_mid)(v), VCAT(tanh_mid_, VSFX)(x[i]))
+VLOOP(vtanh_big, VNAME(etanh_big)(v), VCAT(tanh_big_, VSFX)(x[i]))
+VLOOP(vtanh_small, VNAME(etanh_small)(v), VCAT(tanh_small_, VSFX)(x[i]))
+/* |x| < 0.625 selects the polynomial (a NaN compares false: the other) */
+VLOOP(vtanh_mixed,
+      VSELECT_LT(VAND(v, VCASTF(VSET1I(INT32_MAX))), VSET1(0.625f), VNAME(etanh_small)(v),
+                 VNAME(etanh_mid)(v)),
+      VCAT(tanh_mixed_, VSFX)(x[i]))
+VLOOP(vtanh_core,
+      VSELECT_LT(VAND(v, VCASTF(VSET1I(INT32_MAX))), VSET1(0.625f), VNAME(etanh_small)(v),
+                 VNAME(etanh_big)(v)),
+      VCAT(tanh_core_, VSFX)(x[i]))
+#undef VLOOP
+#undef VNAME
+#undef VCAT
+#undef VCAT2
