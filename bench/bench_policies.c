@@ -248,9 +248,23 @@ enum { MAX_RUNS = 101 };
 
 int main(int argc, char **argv)
 {
-    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-    int runs = quick ? 3 : 11;
     static const char *const names[4] = {"elementwise", "deep", "wide", "lstm"};
+    /* [--quick] [WORKLOAD...]: all four workloads unless some are named */
+    bool quick = false, want[4] = {false, false, false, false}, any = false;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--quick")) {
+            quick = true;
+            continue;
+        }
+        int k = 0;
+        while (k < 4 && strcmp(argv[a], names[k])) k++;
+        if (k == 4) {
+            fprintf(stderr, "usage: bench_policies [--quick] [elementwise|deep|wide|lstm ...]\n");
+            return 2;
+        }
+        want[k] = any = true;
+    }
+    int runs = quick ? 3 : 11;
     tg_rng rng;
     tg_rng_seed(&rng, 7);
     int nth = tg_num_threads();
@@ -261,6 +275,7 @@ int main(int argc, char **argv)
     printf("%-12s %-9s %10s %8s %14s %14s %12s %10s\n", "workload", "policy", "fwd+bwd ms",
            "x none", "saved peak MB", "tensor peak MB", "lean peak MB", "recomputes");
     for (int k = 0; k < 4; k++) {
+        if (any && !want[k]) continue;
         workload w;
         setup(&w, names[k], &rng);
         size_t saved[NPOL], mem[NPOL];
