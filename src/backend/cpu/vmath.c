@@ -83,11 +83,18 @@ static const float texp_lo[16] = {
 #define TEXP_C2 (2.12194440e-4f / 16.0f)
 #define TEXP_R3 1.66666672e-1f                 /* 1/6 */
 
+/* Cephes' tanh below |x| = 0.625: x + x z (P0 + P1 z + ... + P4 z^4), z = x^2 */
+#define TANH_P0 -3.33332819422e-1f
+#define TANH_P1 1.33314422036e-1f
+#define TANH_P2 -5.37397155531e-2f
+#define TANH_P3 2.06390887954e-2f
+#define TANH_P4 -5.70498872745e-3f
+
 /* Smallest and largest bit pattern of |x[i]| over m > 0 floats; for
  * non-negative floats the integer order of the bits is the numeric order,
  * and NaNs come above +inf. Integer min/max reductions vectorize. */
-#define ABS_RANGE(ATTR, SFX)                                                        \
-    ATTR static inline void abs_range_##SFX(int64_t m, const float *restrict x,     \
+#define ABS_RANGE(SFX)                                                              \
+    static inline void abs_range_##SFX(int64_t m, const float *restrict x,     \
                                             int32_t *lo_out, int32_t *hi_out)       \
     {                                                                               \
         int32_t lo = INT32_MAX, hi = 0;                                             \
@@ -185,11 +192,11 @@ static const float texp_lo[16] = {
     static inline float tanh_small_##SFX(float x)                                   \
     {                                                                               \
         float z = x * x;                                                            \
-        float p = -5.70498872745e-3f;                                               \
-        p = MADD(p, z, 2.06390887954e-2f);                                          \
-        p = MADD(p, z, -5.37397155531e-2f);                                         \
-        p = MADD(p, z, 1.33314422036e-1f);                                          \
-        p = MADD(p, z, -3.33332819422e-1f);                                         \
+        float p = TANH_P4;                                                          \
+        p = MADD(p, z, TANH_P3);                                                    \
+        p = MADD(p, z, TANH_P2);                                                    \
+        p = MADD(p, z, TANH_P1);                                                    \
+        p = MADD(p, z, TANH_P0);                                                    \
         return MADD(p * z, x, x);                                                   \
     }                                                                               \
     /* tanh from |x| = 0.625: sign(x) (1 - 2 / (e^2|x| + 1)). */                    \
@@ -219,7 +226,7 @@ static const float texp_lo[16] = {
         return blend(-(int32_t)(a < 0.625f), tanh_small_##SFX(x), tanh_mid_##SFX(x)); \
     }
 
-#define VMATH_LOOPS(SFX, ATTR)                                                      \
+#define VMATH_LOOPS(SFX)                                                            \
     /* The elementwise loops go over chunks of CHUNK floats, first finding the      \
      * smallest and largest |x| of the chunk from the bits (NaN compares above      \
      * every number, as it does in the cores' blends). A chunk that lies            \
@@ -227,13 +234,13 @@ static const float texp_lo[16] = {
      * bits as the general core, without its clamps or its other branch.            \
      * Most activations never come near exp's clamps, and tanh's inputs often       \
      * all lie on one side of 0.625. */                                             \
-    ATTR static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
+    static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
     {                                                                               \
         (void)p;                                                                    \
         CHUNKS(SFX, if (hi < EXP_SAFE_BITS) vexp_fast_##SFX(m, x, y); /* normal */  \
                     else vexp_full_##SFX(m, x, y);)                                 \
     }                                                                               \
-    ATTR static void tanh_f32_##SFX(int64_t n, const void *xv, void *yv, double p)  \
+    static void tanh_f32_##SFX(int64_t n, const void *xv, void *yv, double p)  \
     {                                                                               \
         (void)p;                                                                    \
         CHUNKS(SFX, if (lo >= TANH_SPLIT_BITS && hi < TANH_NOCLAMP_BITS)            \
@@ -244,7 +251,7 @@ static const float texp_lo[16] = {
                     else vtanh_core_##SFX(m, x, y);)                                \
     }                                                                               \
     /* 1 / (1 + e^-x): for very negative x, e^-x is +inf and the result 0. */      \
-    ATTR static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p) \
+    static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p) \
     {                                                                               \
         (void)p;                                                                    \
         CHUNKS(SFX, if (hi < EXP_SAFE_BITS) vsigmoid_fast_##SFX(m, x, y);           \
@@ -252,7 +259,7 @@ static const float texp_lo[16] = {
     }                                                                               \
     /* Cross-entropy rows: logp = (x - max) - log(sum e^(x - max)), the sum in      \
      * double (8 lanes, then their sum); loss = mean of -logp[target]. */           \
-    ATTR static void ce_fwd_f32_##SFX(int64_t N, int64_t C, const void *xv, const int64_t *t, \
+    static void ce_fwd_f32_##SFX(int64_t N, int64_t C, const void *xv, const int64_t *t, \
                                       void *lv, void *lossv)                        \
     {                                                                               \
         const float *x = xv;                                                        \
@@ -290,7 +297,7 @@ static const float texp_lo[16] = {
         *(float *)lossv = (float)(N ? acc / (double)N : 0.0);                       \
     }                                                                               \
     /* gx = (e^logp - onehot(t)) * scale */                                         \
-    ATTR static void ce_bwd_f32_##SFX(int64_t N, int64_t C, const void *lv, const int64_t *t, \
+    static void ce_bwd_f32_##SFX(int64_t N, int64_t C, const void *lv, const int64_t *t, \
                                       double scale, void *gxv)                      \
     {                                                                               \
         const float *restrict lp = lv;                                              \
@@ -327,15 +334,15 @@ static const float texp_lo[16] = {
     SCALAR_LOOP(SFX, vtanh_mixed, tanh_mixed_##SFX(x[i]))                           \
     SCALAR_LOOP(SFX, vtanh_core, tanh_core_##SFX(x[i]))
 
-ABS_RANGE(, base)
+ABS_RANGE(base)
 VMATH_CORES(base, MADD_SEPARATE)
 SCALAR_LOOPS(base)
-VMATH_LOOPS(base, )
+VMATH_LOOPS(base)
 #ifdef TG_VMATH_MULTI
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #pragma GCC optimize("no-trapping-math")
-ABS_RANGE(, avx2)
+ABS_RANGE(avx2)
 VMATH_CORES(avx2, MADD_FUSED)
 #define VSFX avx2
 #define VF __m256
@@ -368,38 +375,12 @@ VMATH_CORES(avx2, MADD_FUSED)
                      _mm256_castsi256_ps(_mm256_slli_epi32((i), 28)))
 #define VSELECT_LT(a, c, x, y) _mm256_blendv_ps((y), (x), _mm256_cmp_ps((a), (c), _CMP_LT_OQ))
 #include "backend/cpu/vmath_simd.h"
-VMATH_LOOPS(avx2, )
+VMATH_LOOPS(avx2)
 #pragma GCC pop_options
-#undef VSFX
-#undef VF
-#undef VI
-#undef VW
-#undef VSET1
-#undef VSET1I
-#undef VLOAD
-#undef VSTORE
-#undef VFMA
-#undef VFNMA
-#undef VADD
-#undef VSUB
-#undef VMUL
-#undef VDIV
-#undef VMIN
-#undef VMAX
-#undef VAND
-#undef VXOR
-#undef VCASTI
-#undef VCASTF
-#undef VIADD
-#undef VISUB
-#undef VISRA
-#undef VISLL
-#undef VLUT16
-#undef VSELECT_LT
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,fma,prefer-vector-width=512")
 #pragma GCC optimize("no-trapping-math")
-ABS_RANGE(, avx512)
+ABS_RANGE(avx512)
 VMATH_CORES(avx512, MADD_FUSED)
 #define VSFX avx512
 #define VF __m512
@@ -429,7 +410,7 @@ VMATH_CORES(avx512, MADD_FUSED)
 #define VSELECT_LT(a, c, x, y)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (c), _CMP_LT_OQ), (y), (x))
 #include "backend/cpu/vmath_simd.h"
-VMATH_LOOPS(avx512, )
+VMATH_LOOPS(avx512)
 #pragma GCC pop_options
 #endif
 

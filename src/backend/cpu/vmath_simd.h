@@ -4,7 +4,8 @@
  * the scalar cores of the same suffix (VSFX) in the same order, so every
  * element gets the bits the scalar core would give it, and the scalar
  * cores finish each loop's tail. What needs the ISA is the table lookup
- * (a register permute: VLUT16) and the lane compare-and-select. */
+ * (a register permute: VLUT16) and the lane compare-and-select. The file
+ * undefines the V* names at its end, so the next ISA defines its own. */
 #define VCAT2(a, b) a##b
 #define VCAT(a, b) VCAT2(a, b)
 #define VNAME(name) VCAT(name, VCAT(_, VSFX))
@@ -47,11 +48,11 @@ static inline VF VNAME(etexp_full)(VF x)
 static inline VF VNAME(etanh_small)(VF x)
 {
     VF z = VMUL(x, x);
-    VF p = VSET1(-5.70498872745e-3f);
-    p = VFMA(p, z, VSET1(2.06390887954e-2f));
-    p = VFMA(p, z, VSET1(-5.37397155531e-2f));
-    p = VFMA(p, z, VSET1(1.33314422036e-1f));
-    p = VFMA(p, z, VSET1(-3.33332819422e-1f));
+    VF p = VSET1(TANH_P4);
+    p = VFMA(p, z, VSET1(TANH_P3));
+    p = VFMA(p, z, VSET1(TANH_P2));
+    p = VFMA(p, z, VSET1(TANH_P1));
+    p = VFMA(p, z, VSET1(TANH_P0));
     return VFMA(VMUL(p, z), x, x);
 }
 
@@ -111,3 +112,29 @@ VLOOP(vtanh_core,
 #undef VNAME
 #undef VCAT
 #undef VCAT2
+#undef VSFX
+#undef VF
+#undef VI
+#undef VW
+#undef VSET1
+#undef VSET1I
+#undef VLOAD
+#undef VSTORE
+#undef VFMA
+#undef VFNMA
+#undef VADD
+#undef VSUB
+#undef VMUL
+#undef VDIV
+#undef VMIN
+#undef VMAX
+#undef VAND
+#undef VXOR
+#undef VCASTI
+#undef VCASTF
+#undef VIADD
+#undef VISUB
+#undef VISRA
+#undef VISLL
+#undef VLUT16
+#undef VSELECT_LT
