@@ -49,6 +49,10 @@ TG_INTERNAL void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void
                               double p, size_t es, bool heavy);
 TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b,
                                 void *out, size_t es);
+/* out = a kid b over out_spec (broadcasting, out may be a's memory): the
+ * description and the split call above in one (ops/elementwise.c). */
+TG_INTERNAL void tg__binary_kernel(tg_kernel_id kid, const tg_spec *out_spec, const tg_tensor *a,
+                                   const tg_tensor *b, void *out);
 
 /* Contiguous copy of t (not scope-tracked, untracked), or a new reference
  * to t itself when it is already contiguous. */

@@ -207,14 +207,19 @@ const tg_op tg__op_mul_scalar = {
 };
 
 /* ---- binary, broadcasting */
+void tg__binary_kernel(tg_kernel_id kid, const tg_spec *out_spec, const tg_tensor *a,
+                       const tg_tensor *b, void *out)
+{
+    tg_bcast bc;
+    tg__bcast_desc(out_spec, a, b, &bc);
+    tg__run_binary(TG_KERNEL(tg_binary_fn, kid, a), &bc, tg__tensor_ptr((tg_tensor *)a),
+                   tg__tensor_ptr((tg_tensor *)b), out, tg__esize(a->dtype));
+}
+
 static tg_tensor *binary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid)
 {
     tg_tensor *out = tg_op_ctx_new_output(ctx);
-    if (!out) return NULL;
-    tg_bcast bc;
-    tg__bcast_desc(ctx->out_spec, in[0], in[1], &bc);
-    tg__run_binary(TG_KERNEL(tg_binary_fn, kid, in[0]), &bc, tg__tensor_ptr(in[0]),
-                   tg__tensor_ptr(in[1]), tg__tensor_ptr(out), tg__esize(in[0]->dtype));
+    if (out) tg__binary_kernel(kid, ctx->out_spec, in[0], in[1], tg__tensor_ptr(out));
     return out;
 }
 
@@ -222,10 +227,7 @@ void tg__add_into(tg_tensor *dst, const tg_tensor *src)
 {
     tg_spec sp;
     tg__spec_of(dst, &sp);
-    tg_bcast bc;
-    tg__bcast_desc(&sp, dst, src, &bc);
-    tg__run_binary(TG_KERNEL(tg_binary_fn, TG_K_ADD, dst), &bc, tg__tensor_ptr(dst),
-                   tg__tensor_ptr(src), tg__tensor_ptr(dst), tg__esize(dst->dtype));
+    tg__binary_kernel(TG_K_ADD, &sp, dst, src, tg__tensor_ptr(dst));
 }
 
 /* Reduces a gradient of the broadcast shape back to an input's shape. */

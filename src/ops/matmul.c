@@ -214,10 +214,7 @@ static tg_tensor *affine_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     else
         TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x)(false, true, m, n, k, tg__tensor_ptr(x), k,
                                             tg__tensor_ptr(w), k, 0.0, tg__tensor_ptr(y), n);
-    tg_bcast bc;
-    tg__bcast_desc(ctx->out_spec, y, b, &bc);
-    tg__run_binary(TG_KERNEL(tg_binary_fn, TG_K_ADD, y), &bc, tg__tensor_ptr(y),
-                   tg__tensor_ptr(b), tg__tensor_ptr(y), es);
+    tg__binary_kernel(TG_K_ADD, ctx->out_spec, y, b, tg__tensor_ptr(y));
     return y;
 }
 
