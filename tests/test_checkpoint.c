@@ -483,16 +483,6 @@ Test(checkpoint, sqrt_segments_keep_a_third_of_the_saved_bytes_on_a_16_layer_mlp
  * nor is a tail stage (recorded outside any segment, under NONE). */
 static int probe_forwards[64];
 
-static tg_status probe_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
-                             tg_spec *out)
-{
-    (void)op, (void)a;
-    out->dtype = tg_tensor_dtype(in[0]);
-    out->ndim = tg_tensor_ndim(in[0]);
-    for (int i = 0; i < out->ndim; i++) out->shape[i] = tg_tensor_dim(in[0], i);
-    return TG_OK;
-}
-
 static tg_tensor *probe_forward(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     probe_forwards[tg_op_ctx_attrs(ctx)->ints[0]]++;
@@ -521,7 +511,7 @@ Test(checkpoint, sequential_segments_all_groups_but_a_shorter_unsegmented_tail)
 {
     static const tg_op def = {
         .name = "test_ckpt_probe", .doc = "y = x^2, counting forwards", .arity = 1,
-        .shape = probe_shape, .forward = probe_forward, .backward = probe_backward,
+        .shape = tg_op_shape_same, .forward = probe_forward, .backward = probe_backward,
         .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(0),
     };
     cr_assert_eq(tg_op_register(&def), TG_OK, "%s", tg_last_error_message());

@@ -18,16 +18,6 @@
  * while fail_backward is set. */
 static bool fail_backward;
 
-static tg_status ss_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
-                          tg_spec *out)
-{
-    (void)op, (void)attrs;
-    out->dtype = tg_tensor_dtype(in[0]);
-    out->ndim = tg_tensor_ndim(in[0]);
-    for (int i = 0; i < out->ndim; i++) out->shape[i] = tg_tensor_dim(in[0], i);
-    return TG_OK;
-}
-
 static tg_tensor *ss_forward(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     tg_tensor *y = tg_op_ctx_new_output(ctx);
@@ -60,7 +50,7 @@ static const tg_op *ss_op(void)
     const tg_op *op = tg_op_find("ss_pointwise");
     if (op) return op;
     static const tg_op def = {
-        .name = "ss_pointwise", .doc = "y = x / (1 + |x|)", .arity = 1, .shape = ss_shape,
+        .name = "ss_pointwise", .doc = "y = x / (1 + |x|)", .arity = 1, .shape = tg_op_shape_same,
         .forward = ss_forward, .backward = ss_backward, .cost = TG_COST_MEMORY_BOUND,
         .saves = TG_SAVE_INPUT(0), .flags = TG_OP_POINTWISE, .sample = ss_sample,
     };

@@ -494,17 +494,6 @@ Test(tape, saved_bytes_of_f32_matmul_count_both_operands)
 
 /* ---- failure atomicity */
 
-static tg_status same_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
-                            tg_spec *out)
-{
-    (void)op;
-    (void)a;
-    out->dtype = tg_tensor_dtype(in[0]);
-    out->ndim = tg_tensor_ndim(in[0]);
-    for (int i = 0; i < out->ndim; i++) out->shape[i] = tg_tensor_shape(in[0])[i];
-    return TG_OK;
-}
-
 static tg_tensor *copy_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     tg_tensor *y = tg_op_ctx_new_output(ctx);
@@ -533,7 +522,7 @@ static int copy_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 Test(tape, failing_backward_leaves_leaf_grads_untouched)
 {
     const tg_op def = {
-        .name = "failing_copy", .doc = "y = x; backward fails", .arity = 1, .shape = same_shape,
+        .name = "failing_copy", .doc = "y = x; backward fails", .arity = 1, .shape = tg_op_shape_same,
         .forward = copy_fwd, .backward = failing_bwd, .sample = copy_sample,
     };
     cr_assert_eq(tg_op_register(&def), TG_OK, "%s", tg_last_error_message());

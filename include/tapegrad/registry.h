@@ -123,6 +123,10 @@ bool tg_op_ctx_needs_grad(const tg_op_ctx *ctx, int i);
 tg_backend tg_op_ctx_backend(const tg_op_ctx *ctx);
 /* Forward: a new uninitialised, contiguous output of the inferred spec. */
 tg_tensor *tg_op_ctx_new_output(tg_op_ctx *ctx);
+/* A ready shape rule (a tg_shape_fn) for ops whose output has the dtype and
+ * shape of input 0, any dtype; it checks nothing else. */
+tg_status tg_op_shape_same(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
+                           tg_spec *out);
 /* Forward: keep an extra tensor for backward (retained); returns its slot or
  * -1. Backward: tg_op_ctx_saved(ctx, slot), borrowed. At most 4. */
 int tg_op_ctx_save(tg_op_ctx *ctx, tg_tensor *t);

@@ -41,6 +41,14 @@ tg_tensor *tg_op_ctx_new_output(tg_op_ctx *ctx)
     return tg__tensor_empty_spec(ctx->out_spec, ctx->backend);
 }
 
+tg_status tg_op_shape_same(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
+                           tg_spec *out)
+{
+    (void)op, (void)attrs;
+    tg__spec_of(in[0], out);
+    return TG_OK;
+}
+
 int tg_op_ctx_save(tg_op_ctx *ctx, tg_tensor *t)
 {
     if (!ctx->forward || !t || *ctx->nextra >= TG_OP_MAX_EXTRA) return -1;
