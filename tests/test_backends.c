@@ -1266,22 +1266,41 @@ Test(backends, vector_isa_variants_agree_and_the_fma_ones_bitwise)
  * same element inside chunks that mix the regimes. And exp covers the
  * whole float range: finite up to ln(FLT_MAX), +inf above it, subnormal
  * results rounded once, 0 far below, NaN kept. On every ISA variant. */
+/* Inputs for the chunk test. Pattern 0: each 1024-float chunk in one
+ * regime of |x| (the kernels' chunk), specials in the last. Pattern 1:
+ * regimes that change away from chunk boundaries, single elements of
+ * another regime inside long runs of one (where a run past its chunk must
+ * stop), a NaN among them. */
+static void regime_inputs(int pat, int ch, int n, float *x)
+{
+    for (int i = 0; i < n; i++) {
+        float u = (float)((i * 7919) % 1000) / 1000.0f; /* [0, 1) scrambled */
+        int c = i / ch;
+        if (pat == 1) {
+            if (i < 1500) x[i] = 0.7f + 10.0f * u;        /* |x| in [0.625, 44) */
+            else if (i < 2300) x[i] = 1.2f * u - 0.6f;    /* |x| < 0.625 */
+            else if (i < 3900) x[i] = -0.7f - 40.0f * u;
+            else x[i] = 0.7f + 60.0f * u;                 /* also past 44 */
+        } else if (c == 0) x[i] = 1.2f * u - 0.6f;        /* all |x| < 0.625 */
+        else if (c == 1) x[i] = 0.7f + 10.0f * u;         /* all |x| >= 0.625 */
+        else if (c == 2) x[i] = 8.0f * u - 4.0f;          /* mixed */
+        else x[i] = 240.0f * u - 120.0f;                  /* past exp's clamps */
+    }
+    if (pat == 1) {
+        x[700] = 0.1f, x[1499] = 0.3f, x[2000] = 3.0f, x[3000] = NAN, x[3333] = 95.0f;
+        x[3500] = -0.2f, x[n - 40] = -90.0f, x[n - 3] = 0.5f;
+        return;
+    }
+    x[3 * ch + 1] = NAN, x[3 * ch + 2] = INFINITY, x[3 * ch + 3] = -INFINITY;
+    x[3 * ch + 4] = 88.72f, x[3 * ch + 5] = 88.73f, x[3 * ch + 6] = -100.0f;
+    x[3 * ch + 7] = -104.5f, x[n - 1] = 0.625f, x[n - 2] = -0.6249999f;
+}
+
 Test(backends, vector_math_chunks_give_each_element_the_same_bits)
 {
     size_t mem0 = tg_mem_current_bytes();
     enum { CH = 1024, N = 4 * CH + 37 };
     static float x[N], whole[N];
-    for (int i = 0; i < N; i++) {
-        float u = (float)((i * 7919) % 1000) / 1000.0f; /* [0, 1) scrambled */
-        int c = i / CH;
-        if (c == 0) x[i] = 1.2f * u - 0.6f;            /* all |x| < 0.625 */
-        else if (c == 1) x[i] = 0.7f + 10.0f * u;      /* all |x| >= 0.625 */
-        else if (c == 2) x[i] = 8.0f * u - 4.0f;       /* mixed */
-        else x[i] = 240.0f * u - 120.0f;               /* past exp's clamps */
-    }
-    x[3 * CH + 1] = NAN, x[3 * CH + 2] = INFINITY, x[3 * CH + 3] = -INFINITY;
-    x[3 * CH + 4] = 88.72f, x[3 * CH + 5] = 88.73f, x[3 * CH + 6] = -100.0f;
-    x[3 * CH + 7] = -104.5f, x[N - 1] = 0.625f, x[N - 2] = -0.6249999f;
     const char *const isas[3] = {"baseline", "avx2", "avx512"};
     const char *const ops[3] = {"exp", "tanh", "sigmoid"};
     const char *was = tg_cpu_vector_isa();
@@ -1290,10 +1309,12 @@ Test(backends, vector_math_chunks_give_each_element_the_same_bits)
         tg_status st = tg_cpu_set_vector_isa(isas[v]);
         if (st == TG_ERR_UNSUPPORTED) continue;
         cr_assert_eq(st, TG_OK, "%s: %s", isas[v], tg_last_error_message());
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 6; k++) {
+            int pat = k / 3, op = k % 3;
+            regime_inputs(pat, CH, N, x);
             tg_tensor *t = tg_tensor_from_data(TG_F32, 1, (int64_t[]){N}, x);
-            tg_tensor *y = k == 0 ? tg_exp(t) : k == 1 ? tg_tanh(t) : tg_sigmoid(t);
-            cr_assert(y, "%s: %s", ops[k], tg_last_error_message());
+            tg_tensor *y = op == 0 ? tg_exp(t) : op == 1 ? tg_tanh(t) : tg_sigmoid(t);
+            cr_assert(y, "%s: %s", ops[op], tg_last_error_message());
             cr_assert_eq(tg_tensor_copy_out(y, whole, sizeof whole), TG_OK);
             tg_tensor_release(y);
             tg_tensor_release(t);
@@ -1301,7 +1322,7 @@ Test(backends, vector_math_chunks_give_each_element_the_same_bits)
             float alone_first = 0.0f;
             for (int i = 0; i < N; i++) {
                 tg_tensor *t1 = tg_tensor_from_data(TG_F32, 1, (int64_t[]){1}, &x[i]);
-                tg_tensor *y1 = k == 0 ? tg_exp(t1) : k == 1 ? tg_tanh(t1) : tg_sigmoid(t1);
+                tg_tensor *y1 = op == 0 ? tg_exp(t1) : op == 1 ? tg_tanh(t1) : tg_sigmoid(t1);
                 float alone = NAN;
                 cr_assert(y1 && tg_tensor_copy_out(y1, &alone, sizeof alone) == TG_OK);
                 if (memcmp(&alone, &whole[i], sizeof alone)) {
@@ -1311,9 +1332,10 @@ Test(backends, vector_math_chunks_give_each_element_the_same_bits)
                 tg_tensor_release(y1);
                 tg_tensor_release(t1);
             }
-            cr_expect_eq(bad, 0, "%s under %s: %d elements differ alone and in their chunk, first "
-                         "x = %.9g: %.9g vs %.9g", ops[k], isas[v], bad, first >= 0 ? x[first] : 0.0,
-                         (double)alone_first, first >= 0 ? whole[first] : 0.0);
+            cr_expect_eq(bad, 0, "%s under %s, pattern %d: %d elements differ alone and in their "
+                         "chunk, first x = %.9g: %.9g vs %.9g", ops[op], isas[v], pat, bad,
+                         first >= 0 ? x[first] : 0.0, (double)alone_first,
+                         first >= 0 ? whole[first] : 0.0);
         }
         /* exp at the ends of the float range, against libm's float result */
         const float xe[] = {88.72f, 88.7228f, 88.73f, 89.0f, 1000.0f, INFINITY, -87.5f, -100.0f,

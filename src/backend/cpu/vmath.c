@@ -7,6 +7,14 @@
  * exp within 0.68 ulp, tanh 1.31, sigmoid 2.42. The exp op covers the whole
  * float range (subnormal results, +inf on overflow). The ref-vs-cpu tests
  * check them against ref, which keeps libm. */
+/* The first scheduling pass (off by default on x86) interleaves the
+ * independent evaluations of a group of vectors (vmath_simd.h); it
+ * reorders operations, it does not change one, so the bits stay those of
+ * the scalar cores. For the whole file: GCC does not inline a function
+ * into one compiled with other optimization options. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("schedule-insns", "sched-pressure")
+#endif
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -106,18 +114,24 @@ static const float texp_lo[16] = {
         *lo_out = lo, *hi_out = hi;                                                 \
     }
 
-/* The body of an elementwise loop over n floats xv -> yv, run per chunk of
- * CHUNK with m, x, y and the chunk's |x| range lo, hi in scope. */
+/* The body of an elementwise loop over n floats xv -> yv. It checks the
+ * chunk of CHUNK floats at i (its |x| range lo, hi), and the body, for the
+ * regime that range lies in, calls RUN(SFX, loop): the regime's loop over
+ * the chunk, then its run past the chunk for as long as the data stays in
+ * the regime (a test of each group's |x| in the same loop, cheaper than a
+ * separate pass); the next chunk check comes where the run stops. */
 #define CHUNKS(SFX, ...)                                                            \
-    for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {                                     \
-        int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;                                \
-        const float *restrict x = (const float *)xv + i0;                           \
-        float *restrict y = (float *)yv + i0;                                       \
+    const float *xs = xv;                                                           \
+    float *ys = yv;                                                                 \
+    for (int64_t i = 0; i < n;) {                                                   \
+        int64_t m = n - i < CHUNK ? n - i : CHUNK;                                  \
         int32_t lo, hi;                                                             \
-        abs_range_##SFX(m, x, &lo, &hi);                                            \
+        abs_range_##SFX(m, xs + i, &lo, &hi);                                       \
         (void)lo;                                                                   \
         __VA_ARGS__                                                                 \
     }
+#define RUN(SFX, loop) (loop##_##SFX(m, xs + i, ys + i), i = loop##_run_##SFX(i + m, n, xs, ys))
+#define ONCE(SFX, loop) (loop##_##SFX(m, xs + i, ys + i), i += m)
 
 #define VMATH_CORES(SFX, MADD)                                                          \
     /* e^x = 2^n e^r: n, the nearest integer to x log2(e), by the 1.5 * 2^23     \
@@ -227,35 +241,36 @@ static const float texp_lo[16] = {
     }
 
 #define VMATH_LOOPS(SFX)                                                            \
-    /* The elementwise loops go over chunks of CHUNK floats, first finding the      \
+    /* The elementwise loops check a chunk of CHUNK floats, finding the            \
      * smallest and largest |x| of the chunk from the bits (NaN compares above      \
      * every number, as it does in the cores' blends). A chunk that lies            \
      * within one regime runs a loop with only that regime's formula: the same      \
-     * bits as the general core, without its clamps or its other branch.            \
+     * bits as the general core, without its clamps or its other branch; the        \
+     * vector loops then run on while the data stays in the regime (CHUNKS).        \
      * Most activations never come near exp's clamps, and tanh's inputs often       \
      * all lie on one side of 0.625. */                                             \
     static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
     {                                                                               \
         (void)p;                                                                    \
-        CHUNKS(SFX, if (hi < EXP_SAFE_BITS) vexp_fast_##SFX(m, x, y); /* normal */  \
-                    else vexp_full_##SFX(m, x, y);)                                 \
+        CHUNKS(SFX, if (hi < EXP_SAFE_BITS) RUN(SFX, vexp_fast); /* normal */       \
+                    else ONCE(SFX, vexp_full);)                                     \
     }                                                                               \
     static void tanh_f32_##SFX(int64_t n, const void *xv, void *yv, double p)  \
     {                                                                               \
         (void)p;                                                                    \
         CHUNKS(SFX, if (lo >= TANH_SPLIT_BITS && hi < TANH_NOCLAMP_BITS)            \
-                        vtanh_mid_##SFX(m, x, y);                                   \
-                    else if (lo >= TANH_SPLIT_BITS) vtanh_big_##SFX(m, x, y);       \
-                    else if (hi < TANH_SPLIT_BITS) vtanh_small_##SFX(m, x, y);      \
-                    else if (hi < TANH_NOCLAMP_BITS) vtanh_mixed_##SFX(m, x, y);    \
-                    else vtanh_core_##SFX(m, x, y);)                                \
+                        RUN(SFX, vtanh_mid);                                        \
+                    else if (lo >= TANH_SPLIT_BITS) RUN(SFX, vtanh_big);            \
+                    else if (hi < TANH_SPLIT_BITS) RUN(SFX, vtanh_small);           \
+                    else if (hi < TANH_NOCLAMP_BITS) RUN(SFX, vtanh_mixed);         \
+                    else ONCE(SFX, vtanh_core);)                                    \
     }                                                                               \
     /* 1 / (1 + e^-x): for very negative x, e^-x is +inf and the result 0. */      \
     static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p) \
     {                                                                               \
         (void)p;                                                                    \
-        CHUNKS(SFX, if (hi < EXP_SAFE_BITS) vsigmoid_fast_##SFX(m, x, y);           \
-                    else vsigmoid_full_##SFX(m, x, y);)                             \
+        CHUNKS(SFX, if (hi < EXP_SAFE_BITS) RUN(SFX, vsigmoid_fast);                \
+                    else ONCE(SFX, vsigmoid_full);)                                 \
     }                                                                               \
     /* Cross-entropy rows: logp = (x - max) - log(sum e^(x - max)), the sum in      \
      * double (8 lanes, then their sum); loss = mean of -logp[target]. */           \
@@ -313,6 +328,9 @@ static const float texp_lo[16] = {
 #define TANH_SPLIT_BITS 0x3F200000 /* 0.625f */
 #define TANH_NOCLAMP_BITS 0x42300000 /* 44.0f: below it e^2|x| < e^88, no clamp */
 #define EXP_SAFE_BITS 0x42AE0000   /* 87.0f: |x| below it, e^x is normal */
+#define TANH_SPLIT 0.625f          /* the same as floats, for the runs' tests */
+#define TANH_NOCLAMP 44.0f
+#define EXP_SAFE 87.0f
 #define MADD_SEPARATE(a, b, c) ((a) * (b) + (c))
 #define MADD_FUSED(a, b, c) __builtin_fmaf((a), (b), (c))
 
@@ -323,7 +341,22 @@ static const float texp_lo[16] = {
     {                                                                               \
         for (int64_t i = 0; i < m; i++) y[i] = expr;                                \
     }
+/* No run past a chunk: each chunk is checked (the check vectorizes here,
+ * a test inside the scalar cores' loop would not). */
+#define SCALAR_RUN(SFX, name)                                                       \
+    static inline int64_t name##_run_##SFX(int64_t i, int64_t n, const float *x,   \
+                                           float *y)                                \
+    {                                                                               \
+        (void)n, (void)x, (void)y;                                                  \
+        return i;                                                                   \
+    }
 #define SCALAR_LOOPS(SFX)                                                           \
+    SCALAR_RUN(SFX, vexp_fast)                                                      \
+    SCALAR_RUN(SFX, vsigmoid_fast)                                                  \
+    SCALAR_RUN(SFX, vtanh_mid)                                                      \
+    SCALAR_RUN(SFX, vtanh_big)                                                      \
+    SCALAR_RUN(SFX, vtanh_small)                                                    \
+    SCALAR_RUN(SFX, vtanh_mixed)                                                    \
     SCALAR_LOOP(SFX, vexp_fast, texp_fast_##SFX(x[i]))                              \
     SCALAR_LOOP(SFX, vexp_full, texp_full_##SFX(x[i]))                              \
     SCALAR_LOOP(SFX, vsigmoid_fast, 1.0f / (1.0f + texp_fast_##SFX(-x[i])))         \
@@ -374,6 +407,8 @@ VMATH_CORES(avx2, MADD_FUSED)
                      _mm256_permutevar8x32_ps(_mm256_loadu_ps((tab) + 8), (i)),     \
                      _mm256_castsi256_ps(_mm256_slli_epi32((i), 28)))
 #define VSELECT_LT(a, c, x, y) _mm256_blendv_ps((y), (x), _mm256_cmp_ps((a), (c), _CMP_LT_OQ))
+#define VBAD(a, c, pred)                                                            \
+    ((unsigned)_mm256_movemask_ps(_mm256_cmp_ps((a), _mm256_set1_ps(c), (pred))))
 #include "backend/cpu/vmath_simd.h"
 VMATH_LOOPS(avx2)
 #pragma GCC pop_options
@@ -409,6 +444,7 @@ VMATH_CORES(avx512, MADD_FUSED)
 #define VLUT16(tab, i) _mm512_permutexvar_ps((i), _mm512_loadu_ps(tab))
 #define VSELECT_LT(a, c, x, y)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (c), _CMP_LT_OQ), (y), (x))
+#define VBAD(a, c, pred) ((unsigned)_mm512_cmp_ps_mask((a), _mm512_set1_ps(c), (pred)))
 #include "backend/cpu/vmath_simd.h"
 VMATH_LOOPS(avx512)
 #pragma GCC pop_options

@@ -77,38 +77,97 @@ static inline VF VNAME(etanh_big)(VF x)
     return VNAME(etanh_tail)(x, VNAME(etexp_fast)(t));
 }
 
-/* The loops: m floats x -> y, vectors, then the scalar core for the tail. */
+/* The loops: m floats x -> y, groups of VU vectors, single vectors, then
+ * the scalar core for the tail. A group's VU evaluations are independent;
+ * vmath.c has GCC's first scheduling pass interleave them, which the
+ * out-of-order core cannot do alone across a chain this long (one vector
+ * at a time, these loops wait on latency, not throughput). */
+#define VU 4
 #define VLOOP(name, vexpr, sexpr)                                                   \
     static void VNAME(name)(int64_t m, const float *restrict x, float *restrict y)  \
     {                                                                               \
         int64_t i = 0;                                                              \
+        for (; i + VU * VW <= m; i += VU * VW) {                                    \
+            VF o[VU];                                                               \
+            _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++) {                  \
+                VF v = VLOAD(x + i + u * VW);                                       \
+                o[u] = vexpr;                                                       \
+            }                                                                       \
+            _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++)                    \
+                VSTORE(y + i + u * VW, o[u]);                                       \
+        }                                                                           \
         for (; i + VW <= m; i += VW) {                                              \
             VF v = VLOAD(x + i);                                                    \
             VSTORE(y + i, vexpr);                                                   \
         }                                                                           \
         for (; i < m; i++) y[i] = sexpr;                                            \
     }
-VLOOP(vexp_fast, VNAME(etexp_fast)(v), VCAT(texp_fast_, VSFX)(x[i]))
+/* A regime's run past the chunk that chose it: from element i of n, whole
+ * groups while every |x| of the group (a) is in the regime (vbad, the lanes
+ * outside it, is 0); returns where it stopped. The test comes before the
+ * evaluation and its store, so a run stops at a group boundary with
+ * nothing written past it. */
+#define VRUN(name, vexpr, vbad)                                                     \
+    static int64_t VNAME(name##_run)(int64_t i, int64_t n, const float *restrict x, \
+                                     float *restrict y)                             \
+    {                                                                               \
+        for (; i + VU * VW <= n; i += VU * VW) {                                    \
+            VF w[VU];                                                               \
+            unsigned bad = 0;                                                       \
+            _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++) {                  \
+                w[u] = VLOAD(x + i + u * VW);                                       \
+                VF a = VAND(w[u], VCASTF(VSET1I(INT32_MAX)));                       \
+                bad |= vbad;                                                        \
+            }                                                                       \
+            if (bad) break;                                                         \
+            VF o[VU];                                                               \
+            _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++) {                  \
+                VF v = w[u];                                                        \
+                o[u] = vexpr;                                                       \
+            }                                                                       \
+            _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++)                    \
+                VSTORE(y + i + u * VW, o[u]);                                       \
+        }                                                                           \
+        return i;                                                                   \
+    }
+#define VLOOP_RUN(name, vexpr, sexpr, vbad)                                         \
+    VLOOP(name, vexpr, sexpr)                                                       \
+    VRUN(name, vexpr, vbad)
+#define VE_SIGMOID(F)                                                               \
+    VDIV(VSET1(1.0f), VADD(VSET1(1.0f), VNAME(F)(VXOR(v, VCASTF(VSET1I(INT32_MIN))))))
+/* The regimes as tests of a = |x|: below (LT, ordered: never for NaN) or
+ * not below (NLT, unordered: also for NaN) a threshold; a NaN belongs to
+ * the general loops only, as in the chunk check. */
+#define VOUT_SAFE VBAD(a, EXP_SAFE, _CMP_NLT_UQ)
+#define VOUT_SMALL VBAD(a, TANH_SPLIT, _CMP_NLT_UQ)
+#define VOUT_BIG VBAD(a, TANH_SPLIT, _CMP_LT_OQ)
+#define VOUT_MIXED VBAD(a, TANH_NOCLAMP, _CMP_NLT_UQ)
+VLOOP_RUN(vexp_fast, VNAME(etexp_fast)(v), VCAT(texp_fast_, VSFX)(x[i]), VOUT_SAFE)
 VLOOP(vexp_full, VNAME(etexp_full)(v), VCAT(texp_full_, VSFX)(x[i]))
-VLOOP(vsigmoid_fast,
-      VDIV(VSET1(1.0f), VADD(VSET1(1.0f), VNAME(etexp_fast)(VXOR(v, VCASTF(VSET1I(INT32_MIN)))))),
-      1.0f / (1.0f + VCAT(texp_fast_, VSFX)(-x[i])))
-VLOOP(vsigmoid_full,
-      VDIV(VSET1(1.0f), VADD(VSET1(1.0f), VNAME(etexp_full)(VXOR(v, VCASTF(VSET1I(INT32_MIN)))))),
-      1.0f / (1.0f + VCAT(texp_full_, VSFX)(-x[i])))
-VLOOP(vtanh_mid, VNAME(etanh_mid)(v), VCAT(tanh_mid_, VSFX)(x[i]))
-VLOOP(vtanh_big, VNAME(etanh_big)(v), VCAT(tanh_big_, VSFX)(x[i]))
-VLOOP(vtanh_small, VNAME(etanh_small)(v), VCAT(tanh_small_, VSFX)(x[i]))
+VLOOP_RUN(vsigmoid_fast, VE_SIGMOID(etexp_fast), 1.0f / (1.0f + VCAT(texp_fast_, VSFX)(-x[i])),
+          VOUT_SAFE)
+VLOOP(vsigmoid_full, VE_SIGMOID(etexp_full), 1.0f / (1.0f + VCAT(texp_full_, VSFX)(-x[i])))
+VLOOP_RUN(vtanh_mid, VNAME(etanh_mid)(v), VCAT(tanh_mid_, VSFX)(x[i]), VOUT_BIG | VOUT_MIXED)
+VLOOP_RUN(vtanh_big, VNAME(etanh_big)(v), VCAT(tanh_big_, VSFX)(x[i]), VOUT_BIG)
+VLOOP_RUN(vtanh_small, VNAME(etanh_small)(v), VCAT(tanh_small_, VSFX)(x[i]), VOUT_SMALL)
 /* |x| < 0.625 selects the polynomial (a NaN compares false: the other) */
-VLOOP(vtanh_mixed,
-      VSELECT_LT(VAND(v, VCASTF(VSET1I(INT32_MAX))), VSET1(0.625f), VNAME(etanh_small)(v),
-                 VNAME(etanh_mid)(v)),
-      VCAT(tanh_mixed_, VSFX)(x[i]))
+VLOOP_RUN(vtanh_mixed,
+          VSELECT_LT(VAND(v, VCASTF(VSET1I(INT32_MAX))), VSET1(0.625f), VNAME(etanh_small)(v),
+                     VNAME(etanh_mid)(v)),
+          VCAT(tanh_mixed_, VSFX)(x[i]), VOUT_MIXED)
 VLOOP(vtanh_core,
       VSELECT_LT(VAND(v, VCASTF(VSET1I(INT32_MAX))), VSET1(0.625f), VNAME(etanh_small)(v),
                  VNAME(etanh_big)(v)),
       VCAT(tanh_core_, VSFX)(x[i]))
 #undef VLOOP
+#undef VRUN
+#undef VLOOP_RUN
+#undef VE_SIGMOID
+#undef VOUT_SAFE
+#undef VOUT_SMALL
+#undef VOUT_BIG
+#undef VOUT_MIXED
+#undef VU
 #undef VNAME
 #undef VCAT
 #undef VCAT2
@@ -138,3 +197,4 @@ VLOOP(vtanh_core,
 #undef VISLL
 #undef VLUT16
 #undef VSELECT_LT
+#undef VBAD
