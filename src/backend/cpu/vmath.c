@@ -398,6 +398,7 @@ VMATH_CORES(avx2, MADD_FUSED)
 #define VCASTI _mm256_castps_si256
 #define VCASTF _mm256_castsi256_ps
 #define VIADD _mm256_add_epi32
+#define VIAND _mm256_and_si256
 #define VISUB _mm256_sub_epi32
 #define VISRA _mm256_srai_epi32
 #define VISLL _mm256_slli_epi32
@@ -438,6 +439,7 @@ VMATH_CORES(avx512, MADD_FUSED)
 #define VCASTI _mm512_castps_si512
 #define VCASTF _mm512_castsi512_ps
 #define VIADD _mm512_add_epi32
+#define VIAND _mm512_and_si512
 #define VISUB _mm512_sub_epi32
 #define VISRA _mm512_srai_epi32
 #define VISLL _mm512_slli_epi32

@@ -10,26 +10,29 @@
 #define VCAT(a, b) VCAT2(a, b)
 #define VNAME(name) VCAT(name, VCAT(_, VSFX))
 
-/* 2^(j/16) e^r and n, as texp_poly. */
-static inline VF VNAME(etexp_poly)(VF x, VI *n_out)
+/* 2^(j/16) e^r, as texp_poly, and the bits of t = magic + n: the low 22
+ * bits hold n (two's complement), so its low four bits index the table. */
+static inline VF VNAME(etexp_poly)(VF x, VI *t_out)
 {
     const VF magic = VSET1(12582912.0f);
     VF t = VFMA(x, VSET1(TEXP_L16), magic);
     VF n = VSUB(t, magic);
-    VI ni = VISUB(VCASTI(t), VSET1I(0x4B400000));
     VF r = VFMA(n, VSET1(TEXP_C2), VFNMA(n, VSET1(TEXP_C1), x));
     VF p = VMUL(VFMA(VFMA(VSET1(TEXP_R3), r, VSET1(0.5f)), r, VSET1(1.0f)), r);
-    VF th = VLUT16(texp_hi, ni), tl = VLUT16(texp_lo, ni);
-    *n_out = ni;
+    VI tb = VCASTI(t);
+    VF th = VLUT16(texp_hi, tb), tl = VLUT16(texp_lo, tb);
+    *t_out = tb;
     return VADD(VFMA(th, p, tl), th);
 }
 
-/* texp_fast: 2^k added into the exponent field. */
+/* texp_fast: 2^k added into the exponent field. k << 23 straight from t's
+ * bits: (magic + 16k + j) with j cleared, shifted by 19, is k << 23 (the
+ * magic's bits shift out), one integer op fewer than n >> 4 << 23. */
 static inline VF VNAME(etexp_fast)(VF x)
 {
-    VI n;
-    VF y = VNAME(etexp_poly)(x, &n);
-    return VCASTF(VIADD(VCASTI(y), VISLL(VISRA(n, 4), 23)));
+    VI tb;
+    VF y = VNAME(etexp_poly)(x, &tb);
+    return VCASTF(VIADD(VCASTI(y), VISLL(VIAND(tb, VSET1I(~15)), 19)));
 }
 
 /* texp_full: clamped to [-104, 89], 2^k as two normal factors. The clamps
@@ -37,9 +40,9 @@ static inline VF VNAME(etexp_fast)(VF x)
 static inline VF VNAME(etexp_full)(VF x)
 {
     x = VMAX(VSET1(-104.0f), VMIN(VSET1(89.0f), x));
-    VI n;
-    VF y = VNAME(etexp_poly)(x, &n);
-    VI k = VISRA(n, 4), k1 = VISRA(k, 1), k2 = VISUB(k, k1);
+    VI tb;
+    VF y = VNAME(etexp_poly)(x, &tb);
+    VI k = VISRA(VISUB(tb, VSET1I(0x4B400000)), 4), k1 = VISRA(k, 1), k2 = VISUB(k, k1);
     VF s1 = VCASTF(VISLL(VIADD(k1, VSET1I(127)), 23));
     VF s2 = VCASTF(VISLL(VIADD(k2, VSET1I(127)), 23));
     return VMUL(VMUL(y, s1), s2);
@@ -192,6 +195,7 @@ VLOOP(vtanh_core,
 #undef VCASTI
 #undef VCASTF
 #undef VIADD
+#undef VIAND
 #undef VISUB
 #undef VISRA
 #undef VISLL
