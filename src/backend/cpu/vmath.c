@@ -328,9 +328,6 @@ static const float texp_lo[16] = {
 #define TANH_SPLIT_BITS 0x3F200000 /* 0.625f */
 #define TANH_NOCLAMP_BITS 0x42300000 /* 44.0f: below it e^2|x| < e^88, no clamp */
 #define EXP_SAFE_BITS 0x42AE0000   /* 87.0f: |x| below it, e^x is normal */
-#define TANH_SPLIT 0.625f          /* the same as floats, for the runs' tests */
-#define TANH_NOCLAMP 44.0f
-#define EXP_SAFE 87.0f
 #define MADD_SEPARATE(a, b, c) ((a) * (b) + (c))
 #define MADD_FUSED(a, b, c) __builtin_fmaf((a), (b), (c))
 
@@ -408,8 +405,13 @@ VMATH_CORES(avx2, MADD_FUSED)
                      _mm256_permutevar8x32_ps(_mm256_loadu_ps((tab) + 8), (i)),     \
                      _mm256_castsi256_ps(_mm256_slli_epi32((i), 28)))
 #define VSELECT_LT(a, c, x, y) _mm256_blendv_ps((y), (x), _mm256_cmp_ps((a), (c), _CMP_LT_OQ))
-#define VBAD(a, c, pred)                                                            \
-    ((unsigned)_mm256_movemask_ps(_mm256_cmp_ps((a), _mm256_set1_ps(c), (pred))))
+/* Lanes of non-negative int32 a at or above, or below, the bound b, as bits */
+#define VBAD_GE(a, b)                                                               \
+    ((unsigned)_mm256_movemask_ps(                                                  \
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32((a), _mm256_set1_epi32((b) - 1)))))
+#define VBAD_LT(a, b)                                                               \
+    ((unsigned)_mm256_movemask_ps(                                                  \
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(b), (a)))))
 #include "backend/cpu/vmath_simd.h"
 VMATH_LOOPS(avx2)
 #pragma GCC pop_options
@@ -446,7 +448,8 @@ VMATH_CORES(avx512, MADD_FUSED)
 #define VLUT16(tab, i) _mm512_permutexvar_ps((i), _mm512_loadu_ps(tab))
 #define VSELECT_LT(a, c, x, y)                                                      \
     _mm512_mask_blend_ps(_mm512_cmp_ps_mask((a), (c), _CMP_LT_OQ), (y), (x))
-#define VBAD(a, c, pred) ((unsigned)_mm512_cmp_ps_mask((a), _mm512_set1_ps(c), (pred)))
+#define VBAD_GE(a, b) ((unsigned)_mm512_cmpge_epi32_mask((a), _mm512_set1_epi32(b)))
+#define VBAD_LT(a, b) ((unsigned)_mm512_cmplt_epi32_mask((a), _mm512_set1_epi32(b)))
 #include "backend/cpu/vmath_simd.h"
 VMATH_LOOPS(avx512)
 #pragma GCC pop_options

@@ -86,18 +86,27 @@ static inline VF VNAME(etanh_big)(VF x)
  * out-of-order core cannot do alone across a chain this long (one vector
  * at a time, these loops wait on latency, not throughput). */
 #define VU 4
+/* Evaluates vexpr (over v) for the VU vectors w[0..VU) and stores them at
+ * y + i: the group step of both loops below. */
+#define VGROUP(vexpr)                                                               \
+    do {                                                                            \
+        VF o[VU];                                                                   \
+        _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++) {                      \
+            VF v = w[u];                                                            \
+            o[u] = vexpr;                                                           \
+        }                                                                           \
+        _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++)                        \
+            VSTORE(y + i + u * VW, o[u]);                                           \
+    } while (0)
 #define VLOOP(name, vexpr, sexpr)                                                   \
     static void VNAME(name)(int64_t m, const float *restrict x, float *restrict y)  \
     {                                                                               \
         int64_t i = 0;                                                              \
         for (; i + VU * VW <= m; i += VU * VW) {                                    \
-            VF o[VU];                                                               \
-            _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++) {                  \
-                VF v = VLOAD(x + i + u * VW);                                       \
-                o[u] = vexpr;                                                       \
-            }                                                                       \
+            VF w[VU];                                                               \
             _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++)                    \
-                VSTORE(y + i + u * VW, o[u]);                                       \
+                w[u] = VLOAD(x + i + u * VW);                                       \
+            VGROUP(vexpr);                                                          \
         }                                                                           \
         for (; i + VW <= m; i += VW) {                                              \
             VF v = VLOAD(x + i);                                                    \
@@ -106,9 +115,10 @@ static inline VF VNAME(etanh_big)(VF x)
         for (; i < m; i++) y[i] = sexpr;                                            \
     }
 /* A regime's run past the chunk that chose it: from element i of n, whole
- * groups while every |x| of the group (a) is in the regime (vbad, the lanes
- * outside it, is 0); returns where it stopped. The test comes before the
- * evaluation and its store, so a run stops at a group boundary with
+ * groups while the bits of every |x| of the group (a) are in the regime
+ * (vbad, the lanes outside it, is 0); returns where it stopped. The test is
+ * the chunk check's, on the same bit patterns and bounds, and comes before
+ * the evaluation and its store, so a run stops at a group boundary with
  * nothing written past it. */
 #define VRUN(name, vexpr, vbad)                                                     \
     static int64_t VNAME(name##_run)(int64_t i, int64_t n, const float *restrict x, \
@@ -119,17 +129,11 @@ static inline VF VNAME(etanh_big)(VF x)
             unsigned bad = 0;                                                       \
             _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++) {                  \
                 w[u] = VLOAD(x + i + u * VW);                                       \
-                VF a = VAND(w[u], VCASTF(VSET1I(INT32_MAX)));                       \
+                VI a = VIAND(VCASTI(w[u]), VSET1I(INT32_MAX));                      \
                 bad |= vbad;                                                        \
             }                                                                       \
             if (bad) break;                                                         \
-            VF o[VU];                                                               \
-            _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++) {                  \
-                VF v = w[u];                                                        \
-                o[u] = vexpr;                                                       \
-            }                                                                       \
-            _Pragma("GCC unroll 4") for (int u = 0; u < VU; u++)                    \
-                VSTORE(y + i + u * VW, o[u]);                                       \
+            VGROUP(vexpr);                                                          \
         }                                                                           \
         return i;                                                                   \
     }
@@ -138,13 +142,13 @@ static inline VF VNAME(etanh_big)(VF x)
     VRUN(name, vexpr, vbad)
 #define VE_SIGMOID(F)                                                               \
     VDIV(VSET1(1.0f), VADD(VSET1(1.0f), VNAME(F)(VXOR(v, VCASTF(VSET1I(INT32_MIN))))))
-/* The regimes as tests of a = |x|: below (LT, ordered: never for NaN) or
- * not below (NLT, unordered: also for NaN) a threshold; a NaN belongs to
- * the general loops only, as in the chunk check. */
-#define VOUT_SAFE VBAD(a, EXP_SAFE, _CMP_NLT_UQ)
-#define VOUT_SMALL VBAD(a, TANH_SPLIT, _CMP_NLT_UQ)
-#define VOUT_BIG VBAD(a, TANH_SPLIT, _CMP_LT_OQ)
-#define VOUT_MIXED VBAD(a, TANH_NOCLAMP, _CMP_NLT_UQ)
+/* The regimes as tests of a, the bits of |x|, against the chunk check's
+ * bounds: at or above a bound (NaN's bits lie above every number's) or
+ * below it. */
+#define VOUT_SAFE VBAD_GE(a, EXP_SAFE_BITS)
+#define VOUT_SMALL VBAD_GE(a, TANH_SPLIT_BITS)
+#define VOUT_BIG VBAD_LT(a, TANH_SPLIT_BITS)
+#define VOUT_MIXED VBAD_GE(a, TANH_NOCLAMP_BITS)
 VLOOP_RUN(vexp_fast, VNAME(etexp_fast)(v), VCAT(texp_fast_, VSFX)(x[i]), VOUT_SAFE)
 VLOOP(vexp_full, VNAME(etexp_full)(v), VCAT(texp_full_, VSFX)(x[i]))
 VLOOP_RUN(vsigmoid_fast, VE_SIGMOID(etexp_fast), 1.0f / (1.0f + VCAT(texp_fast_, VSFX)(-x[i])),
@@ -163,6 +167,7 @@ VLOOP(vtanh_core,
                  VNAME(etanh_big)(v)),
       VCAT(tanh_core_, VSFX)(x[i]))
 #undef VLOOP
+#undef VGROUP
 #undef VRUN
 #undef VLOOP_RUN
 #undef VE_SIGMOID
@@ -201,4 +206,5 @@ VLOOP(vtanh_core,
 #undef VISLL
 #undef VLUT16
 #undef VSELECT_LT
-#undef VBAD
+#undef VBAD_GE
+#undef VBAD_LT
