@@ -1287,8 +1287,13 @@ static void regime_inputs(int pat, int ch, int n, float *x)
         else x[i] = 240.0f * u - 120.0f;                  /* past exp's clamps */
     }
     if (pat == 1) {
-        x[700] = 0.1f, x[1499] = 0.3f, x[2000] = 3.0f, x[3000] = NAN, x[3333] = 95.0f;
-        x[3500] = -0.2f, x[n - 40] = -90.0f, x[n - 3] = 0.5f;
+        /* Each of these is the first element outside its regime that a run past
+         * a chunk meets: tanh's run of |x| in [0.625, 44) from 1024 meets 0.5,
+         * its mixed run from the chunk after (|x| < 44) meets -60; the exp and
+         * sigmoid run from 1024 meets 95, the one from the chunk after 1200's
+         * meets the NaN. */
+        x[1100] = 0.5f, x[1200] = 95.0f, x[2000] = 3.0f, x[3300] = -60.0f, x[3500] = NAN;
+        x[n - 40] = -90.0f, x[n - 3] = 0.5f;
         return;
     }
     x[3 * ch + 1] = NAN, x[3 * ch + 2] = INFINITY, x[3 * ch + 3] = -INFINITY;
