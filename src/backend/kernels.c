@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include "backend/kernels.h"
+#include "core/pool.h"
 
 static tg_kernel_fn table[TG_KERNEL_COUNT][TG_BACKEND_COUNT][TG_DTYPE_COUNT];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -33,6 +34,7 @@ static void init(void)
     tg__backend_cpu_register();
     tg__cpu_ext_register();
     tg__cpu_nn_register();
+    tg__pool_default_size(tg__blas_threads());
 }
 
 void tg__backend_init(void)

@@ -152,18 +152,11 @@ extern TG_THREAD_LOCAL bool tg__grad_disabled;
 /* Hands t to the innermost scope if one is open. Returns t. */
 TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
 
-/* ---- the elementwise thread pool (src/dispatch/parallel.c), of
- * tg_num_threads() threads */
+/* ---- the tape's gradient accumulation */
 /* dst += src in place, through the add kernel with dst as its output
  * (ops/elementwise.c): the tape's gradient accumulation when it holds the
  * only reference to dst. Same dtype, backend and shape, both contiguous. */
 TG_INTERNAL void tg__add_into(tg_tensor *dst, const tg_tensor *src);
-
-/* Runs f(ctx, part, nparts) for every part, part 0 on the caller, the
- * others on the pool's threads, and returns when all are done. nparts may
- * come out smaller than asked (at most the pool's size): f gets the count
- * that runs. One job at a time; f must not start another. */
-TG_INTERNAL void tg__pool_run(void (*f)(void *ctx, int part, int nparts), void *ctx, int nparts);
 
 /* ---- dispatch hooks the tape uses without including dispatch
  * (src/dispatch/registry.c) */

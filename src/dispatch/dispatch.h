@@ -4,6 +4,7 @@
 #define TG_DISPATCH_H
 
 #include "backend/kernels.h"
+#include "backend/parallel.h"
 #include "core/opctx.h"
 
 /* Defined by src/ops/builtins.c: every built-in op, NULL-terminated. */
@@ -40,15 +41,6 @@ TG_INTERNAL tg_tensor *tg__call1(const tg_op *op, tg_tensor *x, const tg_op_attr
 TG_INTERNAL tg_tensor *tg__call2(const tg_op *op, tg_tensor *a, tg_tensor *b,
                                  const tg_op_attrs *attrs);
 
-/* Kernel calls split across the thread pool when large (parallel.c); es
- * is the element size; heavy: the kernel computes more than it streams
- * (exp, tanh, ...), so it is split from smaller sizes. */
-TG_INTERNAL void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p,
-                               size_t es, bool heavy);
-TG_INTERNAL void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx,
-                              double p, size_t es, bool heavy);
-TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b,
-                                void *out, size_t es);
 /* out = a kid b over out_spec (broadcasting, out may be a's memory): the
  * description and the split call above in one (ops/elementwise.c). */
 TG_INTERNAL void tg__binary_kernel(tg_kernel_id kid, const tg_spec *out_spec, const tg_tensor *a,

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/pool.h"
 #include "tape/sweep.h"
 
 #define REGION_BLOCK_BYTES ((int64_t)64 << 10)

@@ -1,14 +1,12 @@
 /* Elementwise kernels split across threads, in step with OpenBLAS: the
- * pool has as many threads (the caller included) as OpenBLAS uses, and a
- * job runs only between BLAS calls (dispatch is synchronous), so the two
- * never compete for the cores. Kernels stay single-threaded functions;
- * this file cuts their index range into parts. Small jobs run inline. */
-#include <pthread.h>
-#include <stdlib.h>
+ * pool (core/pool.c) has as many threads (the caller included) as OpenBLAS
+ * uses, and a job runs only between BLAS calls (dispatch is synchronous),
+ * so the two never compete for the cores. Kernels stay single-threaded
+ * functions; this file cuts their index range into parts. Small jobs run
+ * inline. */
+#include "backend/parallel.h"
+#include "core/pool.h"
 
-#include "dispatch/dispatch.h"
-
-#define MAX_THREADS 64
 /* Below this many bytes per part, a split costs more than it saves: for
  * kernels that compute (exp, tanh, sigmoid, log, pow), 128 KiB; for the
  * ones that only stream memory (+, *, scalar forms, relu, most gradient
@@ -20,103 +18,20 @@
 #define MIN_PART_BYTES ((size_t)128 << 10)
 #define MIN_STREAM_PART_BYTES ((size_t)4 << 20)
 
-typedef void (*part_fn)(void *ctx, int part, int nparts);
-
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cv_work = PTHREAD_COND_INITIALIZER, cv_done = PTHREAD_COND_INITIALIZER;
-static pthread_mutex_t submit = PTHREAD_MUTEX_INITIALIZER; /* one job at a time */
-static int nthreads;   /* 0: not decided yet */
-static int nworkers;   /* started */
-static uint64_t gen;
-static int pending;
-static part_fn job;
-static void *job_ctx;
-static int job_parts;
-
-static void *worker(void *arg)
-{
-    int id = (int)(intptr_t)arg;
-    uint64_t seen = 0;
-    pthread_mutex_lock(&mu);
-    for (;;) {
-        while (gen == seen) pthread_cond_wait(&cv_work, &mu);
-        seen = gen;
-        int parts = job_parts;
-        part_fn f = job;
-        void *c = job_ctx;
-        pthread_mutex_unlock(&mu);
-        if (id < parts) f(c, id, parts);
-        pthread_mutex_lock(&mu);
-        if (--pending == 0) pthread_cond_signal(&cv_done);
-    }
-    return NULL;
-}
-
-static int threads_now(void)
-{
-    if (!nthreads) {
-        int n = tg__blas_threads();
-        nthreads = n < 1 ? 1 : (n > MAX_THREADS ? MAX_THREADS : n);
-    }
-    return nthreads;
-}
-
 int tg_num_threads(void)
 {
-    pthread_mutex_lock(&submit);
-    int n = threads_now();
-    pthread_mutex_unlock(&submit);
-    return n;
+    tg__backend_init(); /* sets the pool's default size */
+    return tg__pool_size();
 }
 
 tg_status tg_set_num_threads(int n)
 {
-    if (n < 1 || n > MAX_THREADS)
+    if (n < 1 || n > TG_POOL_MAX_THREADS)
         return tg__err(TG_ERR_INVALID, "bad argument #1 to 'set_num_threads' (%d; need 1..%d)", n,
-                       MAX_THREADS);
-    pthread_mutex_lock(&submit);
-    nthreads = n;
+                       TG_POOL_MAX_THREADS);
+    tg__pool_set_size(n);
     tg__blas_set_threads(n);
-    pthread_mutex_unlock(&submit);
     return TG_OK;
-}
-
-/* Runs f over nparts parts, part 0 on the caller. Falls back to running
- * every part inline if a worker cannot be started. */
-void tg__pool_run(part_fn f, void *ctx, int nparts)
-{
-    pthread_mutex_lock(&submit);
-    int want = threads_now();
-    if (nparts > want) nparts = want;
-    while (nworkers < nparts - 1) {
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        int rc = pthread_create(&t, &attr, worker, (void *)(intptr_t)(nworkers + 1));
-        pthread_attr_destroy(&attr);
-        if (rc) break;
-        nworkers++;
-    }
-    if (nparts > nworkers + 1) nparts = nworkers + 1;
-    if (nparts <= 1) {
-        pthread_mutex_unlock(&submit);
-        f(ctx, 0, 1);
-        return;
-    }
-    pthread_mutex_lock(&mu);
-    job = f;
-    job_ctx = ctx;
-    job_parts = nparts;
-    pending = nworkers;
-    gen++;
-    pthread_cond_broadcast(&cv_work);
-    pthread_mutex_unlock(&mu);
-    f(ctx, 0, nparts);
-    pthread_mutex_lock(&mu);
-    while (pending) pthread_cond_wait(&cv_done, &mu);
-    pthread_mutex_unlock(&mu);
-    pthread_mutex_unlock(&submit);
 }
 
 static int parts_for(int64_t n, size_t es, bool heavy)
@@ -124,7 +39,7 @@ static int parts_for(int64_t n, size_t es, bool heavy)
     size_t bytes = (size_t)n * es, min = heavy ? MIN_PART_BYTES : MIN_STREAM_PART_BYTES;
     if (bytes < 2 * min) return 1;
     size_t p = bytes / min;
-    return p > MAX_THREADS ? MAX_THREADS : (int)p;
+    return p > TG_POOL_MAX_THREADS ? TG_POOL_MAX_THREADS : (int)p;
 }
 
 static void range(int64_t n, int part, int nparts, int64_t *lo, int64_t *len)

@@ -1,0 +1,17 @@
+/* Kernel calls split across the thread pool when large (parallel.c). es is
+ * the element size; heavy: the kernel computes more than it streams (exp,
+ * tanh, ...), so it is split from smaller sizes. Each part is the same
+ * kernel on a range of elements, so results are bitwise those of one call. */
+#ifndef TG_BACKEND_PARALLEL_H
+#define TG_BACKEND_PARALLEL_H
+
+#include "backend/kernels.h"
+
+TG_INTERNAL void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p,
+                               size_t es, bool heavy);
+TG_INTERNAL void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx,
+                              double p, size_t es, bool heavy);
+TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b,
+                                void *out, size_t es);
+
+#endif
