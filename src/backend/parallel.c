@@ -55,11 +55,13 @@ typedef struct {
     tg_unary_fn uf;
     tg_grad_fn gf;
     tg_binary_fn bf;
+    tg_unary2_fn uf2;
+    tg_grad2_fn gf2;
     const tg_bcast *bc;
     int64_t n;
     const char *a, *b;
     char *out;
-    double p;
+    double p, q;
     size_t es;
 } job_args;
 
@@ -68,7 +70,8 @@ static void unary_part(void *ctx, int part, int nparts)
     job_args *j = ctx;
     int64_t lo, len;
     range(j->n, part, nparts, &lo, &len);
-    if (len) j->uf(len, j->a + lo * j->es, j->out + lo * j->es, j->p);
+    if (len && j->uf) j->uf(len, j->a + lo * j->es, j->out + lo * j->es, j->p);
+    if (len && j->uf2) j->uf2(len, j->a + lo * j->es, j->out + lo * j->es, j->p, j->q);
 }
 
 static void grad_part(void *ctx, int part, int nparts)
@@ -76,7 +79,9 @@ static void grad_part(void *ctx, int part, int nparts)
     job_args *j = ctx;
     int64_t lo, len;
     range(j->n, part, nparts, &lo, &len);
-    if (len) j->gf(len, j->a + lo * j->es, j->b + lo * j->es, j->out + lo * j->es, j->p);
+    if (len && j->gf) j->gf(len, j->a + lo * j->es, j->b + lo * j->es, j->out + lo * j->es, j->p);
+    if (len && j->gf2)
+        j->gf2(len, j->a + lo * j->es, j->b + lo * j->es, j->out + lo * j->es, j->p, j->q);
 }
 
 /* Same-shape or scalar-b binaries split by index; row broadcasts by whole
@@ -126,6 +131,30 @@ void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *
         return;
     }
     job_args j = {.gf = f, .n = n, .a = s, .b = gy, .out = gx, .p = p, .es = es};
+    tg__pool_run(grad_part, &j, parts);
+}
+
+void tg__run_unary2(tg_unary2_fn f, int64_t n, const void *x, void *y, double p, double q,
+                    size_t es, bool heavy)
+{
+    int parts = parts_for(n, es, heavy);
+    if (parts == 1) {
+        f(n, x, y, p, q);
+        return;
+    }
+    job_args j = {.uf2 = f, .n = n, .a = x, .out = y, .p = p, .q = q, .es = es};
+    tg__pool_run(unary_part, &j, parts);
+}
+
+void tg__run_grad2(tg_grad2_fn f, int64_t n, const void *s, const void *gy, void *gx, double p,
+                   double q, size_t es, bool heavy)
+{
+    int parts = parts_for(n, es, heavy);
+    if (parts == 1) {
+        f(n, s, gy, gx, p, q);
+        return;
+    }
+    job_args j = {.gf2 = f, .n = n, .a = s, .b = gy, .out = gx, .p = p, .q = q, .es = es};
     tg__pool_run(grad_part, &j, parts);
 }
 

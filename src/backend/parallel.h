@@ -11,6 +11,11 @@ TG_INTERNAL void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y,
                                size_t es, bool heavy);
 TG_INTERNAL void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx,
                               double p, size_t es, bool heavy);
+/* The same for the maps with two parameters (clamp, softplus). */
+TG_INTERNAL void tg__run_unary2(tg_unary2_fn f, int64_t n, const void *x, void *y, double p,
+                                double q, size_t es, bool heavy);
+TG_INTERNAL void tg__run_grad2(tg_grad2_fn f, int64_t n, const void *s, const void *gy, void *gx,
+                               double p, double q, size_t es, bool heavy);
 TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b,
                                 void *out, size_t es);
 

@@ -3,7 +3,7 @@
  * GEMM kernel as a transpose flag; only other layouts are copied. */
 #include <string.h>
 
-#include "ops/sample.h"
+#include "ops/helpers.h"
 
 static tg_status matmul_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
                               tg_spec *out)

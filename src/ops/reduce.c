@@ -1,9 +1,29 @@
-/* Reductions: sum and mean (all dims or a list, keepdim), max along a dim
- * (gradient to the first maximum) and argmax (non-differentiable).
- * attrs.ints lists the reduced dims (nints == 0: all), attrs.flag keepdim. */
+/* Reductions: sum and mean (all dims or a list, keepdim), max and min
+ * along a dim (gradient to the first maximum / minimum, through one
+ * scatter op max_dim_backward), argmax (non-differentiable), logsumexp
+ * along a dim (stable), and var / std over a list of dims with a
+ * correction (0: population, 1: unbiased / Bessel).
+ *
+ * Attrs: sum, mean, var, std: ints[0..nints) the dims (nints == 0: all),
+ * flag keepdim; var / std: scalar the correction. max_dim, min_dim,
+ * argmax, logsumexp: ints[0] the dim, flag keepdim. Backward functions are
+ * tg_* ops, so second derivatives work except through the scatter. */
 #include <string.h>
 
-#include "ops/sample.h"
+#include "ops/helpers.h"
+
+/* Output spec of a reduction over the dims in mask. */
+static void reduced_spec(const tg_tensor *x, const bool *mask, bool keep, tg_spec *out)
+{
+    out->dtype = x->dtype;
+    out->ndim = 0;
+    for (int d = 0; d < x->ndim; d++) {
+        if (!mask[d])
+            out->shape[out->ndim++] = x->shape[d];
+        else if (keep)
+            out->shape[out->ndim++] = 1;
+    }
+}
 
 /* Normalises attrs' dims into a mask; fills the output spec. */
 static tg_status reduce_spec(const tg_op *op, const tg_op_attrs *a, const tg_tensor *x,
@@ -22,14 +42,7 @@ static tg_status reduce_spec(const tg_op *op, const tg_op_attrs *a, const tg_ten
             mask[d] = true;
         }
     }
-    out->dtype = x->dtype;
-    out->ndim = 0;
-    for (int d = 0; d < x->ndim; d++) {
-        if (!mask[d])
-            out->shape[out->ndim++] = x->shape[d];
-        else if (a->flag)
-            out->shape[out->ndim++] = 1;
-    }
+    reduced_spec(x, mask, a->flag, out);
     return TG_OK;
 }
 
@@ -212,7 +225,9 @@ const tg_op tg__op_max_dim_backward = {
     .shape = max_bwd_shape, .forward = max_bwd_fwd, .cost = TG_COST_MEMORY_BOUND,
 };
 
-tg_status tg__dim_select_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+/* The backward that scatters the gradient to the saved indices (extra
+ * slot 0; attrs.ints[0] the dim), shared by max_dim and min_dim. */
+static tg_status dim_select_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     const tg_spec *x = tg_op_ctx_input_spec(ctx, 0);
     tg_op_attrs a = {.nints = x->ndim};
@@ -222,7 +237,8 @@ tg_status tg__dim_select_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     return gin[0] ? TG_OK : tg_last_error();
 }
 
-int tg__dim_select_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+/* Cases of max_dim and min_dim: distinct values, no ties. */
+static int dim_select_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 {
     static const int64_t s2[2] = {4, 5}, s3[3] = {2, 3, 4};
     switch (k) {
@@ -237,8 +253,8 @@ int tg__dim_select_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 
 const tg_op tg__op_max_dim = {
     .name = "max_dim", .doc = "y = max of x along dim", .arity = 1, .shape = max_shape,
-    .forward = max_fwd, .backward = tg__dim_select_bwd, .cost = TG_COST_MEMORY_BOUND,
-    .sample = tg__dim_select_sample,
+    .forward = max_fwd, .backward = dim_select_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .sample = dim_select_sample,
 };
 
 static tg_status argmax_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
@@ -264,6 +280,259 @@ const tg_op tg__op_argmax = {
     .name = "argmax", .doc = "y = index of the first max along dim (i64)", .arity = 1,
     .shape = argmax_shape, .forward = argmax_fwd, .nondifferentiable = true,
     .cost = TG_COST_MEMORY_BOUND,
+};
+
+/* g reshaped to the keepdim form of a reduction of spec x over mask. */
+static tg_tensor *keep_form(tg_tensor *g, const tg_spec *x, const bool *mask)
+{
+    int64_t ks[TG_MAX_DIMS];
+    for (int d = 0; d < x->ndim; d++) ks[d] = mask[d] ? 1 : x->shape[d];
+    return tg_reshape(g, x->ndim, ks);
+}
+
+/* ---- min_dim */
+static tg_status one_dim_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
+                               tg_spec *out, bool nonempty)
+{
+    const tg_tensor *x = in[0];
+    bool mask[TG_MAX_DIMS] = {0};
+    int d;
+    if (tg__need_float(op, 1, x)) return TG_ERR_DTYPE;
+    if (nonempty && (x->ndim == 0 || x->numel == 0))
+        return tg__err(TG_ERR_SHAPE, "bad argument #1 to '%s' (needs a non-empty tensor with at "
+                                     "least 1 dim)", op->name);
+    if (tg__norm_dim(op, 2, a->ints[0], x->ndim, &d)) return TG_ERR_INVALID;
+    if (x->ndim) mask[d] = true;
+    reduced_spec(x, mask, a->flag, out);
+    return TG_OK;
+}
+
+static tg_status min_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
+                           tg_spec *out)
+{
+    return one_dim_shape(op, a, in, out, true);
+}
+
+static tg_tensor *min_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    tg_tensor *x = in[0];
+    int64_t outer, n, inner;
+    tg__split_dim(x->ndim, x->shape, tg__dim_attr(ctx->attrs, x->ndim), &outer, &n, &inner);
+    tg_tensor *y = tg_op_ctx_new_output(ctx);
+    tg_tensor *idx = y ? tg__tensor_empty(TG_I64, ctx->out_spec->ndim, ctx->out_spec->shape,
+                                          x->backend) : NULL;
+    if (!idx) {
+        tg_tensor_release(y);
+        return NULL;
+    }
+    TG_KERNEL(tg_dim_max_fn, TG_K_MIN_DIM, x)(outer, n, inner, tg__tensor_ptr(x),
+                                              tg__tensor_ptr(y), tg__tensor_ptr(idx));
+    if (ctx->needs) tg_op_ctx_save(ctx, idx);
+    tg_tensor_release(idx);
+    return y;
+}
+
+const tg_op tg__op_min_dim = {
+    .name = "min_dim", .doc = "y = min of x along dim", .arity = 1, .shape = min_shape,
+    .forward = min_fwd, .backward = dim_select_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .sample = dim_select_sample,
+};
+
+/* ---- logsumexp: y = m + log sum_i e^(x_i - m), m = max_i x_i. An empty
+ * dim gives -inf. */
+static tg_status lse_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
+                           tg_spec *out)
+{
+    return one_dim_shape(op, a, in, out, false);
+}
+
+static tg_tensor *lse_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    tg_tensor *x = in[0];
+    int64_t outer, n, inner;
+    tg__split_dim(x->ndim, x->shape, tg__dim_attr(ctx->attrs, x->ndim), &outer, &n, &inner);
+    tg_tensor *y = tg_op_ctx_new_output(ctx);
+    if (!y) return NULL;
+    TG_KERNEL(tg_dim_fn, TG_K_LOGSUMEXP, x)(outer, n, inner, tg__tensor_ptr(x), tg__tensor_ptr(y));
+    return y;
+}
+
+/* gx = g * e^(x - y) = g * softmax(x), in keepdim form. */
+static tg_status lse_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0);
+    bool mask[TG_MAX_DIMS] = {0};
+    if (xs->ndim) mask[tg__dim_attr(ctx->attrs, xs->ndim)] = true;
+    tg_tensor *y = keep_form(tg_op_ctx_output(ctx), xs, mask);
+    tg_tensor *p = tg_exp(tg_sub(tg_op_ctx_input(ctx, 0), y));
+    gin[0] = tg_mul(p, keep_form(g, xs, mask));
+    return gin[0] ? TG_OK : tg_last_error();
+}
+
+static int lse_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const struct { int n; int64_t s[3]; int dim; int keep; } c[] = {
+        {2, {3, 5}, -1, 0}, {2, {3, 5}, 0, 1}, {3, {2, 3, 4}, 1, 0}, {0, {0}, 0, 0},
+    };
+    if (k >= 4) return 0;
+    a->nints = 1;
+    a->ints[0] = c[k].dim;
+    a->flag = c[k].keep;
+    in[0] = tg__sample_uniform(rng, c[k].n, c[k].s, -3.0, 3.0);
+    return in[0] ? 1 : -1;
+}
+
+const tg_op tg__op_logsumexp = {
+    .name = "logsumexp", .doc = "y = log sum_i e^x_i along dim (max subtracted)", .arity = 1,
+    .shape = lse_shape, .forward = lse_fwd, .backward = lse_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .saves = TG_SAVE_INPUT(0) | TG_SAVE_OUTPUT, .sample = lse_sample,
+};
+
+/* ---- var / std over dims: var = sum (x - mean)^2 / max(0, N - correction).
+ * Two passes (mean, then squared deviations) for accuracy. */
+static tg_status dims_mask(const tg_op *op, const tg_op_attrs *a, int ndim, bool *mask)
+{
+    memset(mask, 0, TG_MAX_DIMS * sizeof *mask);
+    if (a->nints == 0) {
+        for (int d = 0; d < ndim; d++) mask[d] = true;
+        return TG_OK;
+    }
+    for (int i = 0; i < a->nints; i++) {
+        int d;
+        if (tg__norm_dim(op, 2, a->ints[i], ndim, &d)) return TG_ERR_INVALID;
+        if (ndim == 0) continue;
+        if (mask[d])
+            return tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (dim %d listed twice)",
+                           op->name, d);
+        mask[d] = true;
+    }
+    return TG_OK;
+}
+
+static tg_status var_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
+                           tg_spec *out)
+{
+    bool mask[TG_MAX_DIMS];
+    if (tg__need_float(op, 1, in[0])) return TG_ERR_DTYPE;
+    if (dims_mask(op, a, in[0]->ndim, mask)) return TG_ERR_INVALID;
+    reduced_spec(in[0], mask, a->flag, out);
+    return TG_OK;
+}
+
+/* Number of elements reduced into each output, and 1 / max(0, N - c). */
+static int64_t var_count(const bool *mask, const tg_spec *x)
+{
+    int64_t n = 1;
+    for (int d = 0; d < x->ndim; d++)
+        if (mask[d]) n *= x->shape[d];
+    return n;
+}
+static double var_scale(int64_t n, double correction)
+{
+    double div = (double)n - correction;
+    return 1.0 / (div > 0.0 ? div : 0.0); /* inf: PyTorch's inf/nan for N <= correction */
+}
+
+static tg_tensor *var_like_fwd(tg_op_ctx *ctx, tg_tensor *const *in, bool take_sqrt)
+{
+    tg_tensor *x = in[0];
+    tg_reduce r = {.ndim = x->ndim};
+    memcpy(r.shape, x->shape, sizeof r.shape);
+    dims_mask(ctx->op, ctx->attrs, x->ndim, r.reduce);
+    int64_t n = var_count(r.reduce, ctx->in_spec);
+    tg_spec ks = {.dtype = x->dtype, .ndim = x->ndim};
+    for (int d = 0; d < x->ndim; d++) ks.shape[d] = r.reduce[d] ? 1 : x->shape[d];
+    tg_tensor *mean = tg__tensor_empty_spec(&ks, x->backend);
+    tg_tensor *dev = mean ? tg__tensor_empty(x->dtype, x->ndim, x->shape, x->backend) : NULL;
+    tg_tensor *y = dev ? tg_op_ctx_new_output(ctx) : NULL;
+    if (!y) {
+        tg_tensor_release(mean);
+        tg_tensor_release(dev);
+        return NULL;
+    }
+    TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, x)(&r, tg__tensor_ptr(x), tg__tensor_ptr(mean));
+    TG_KERNEL(tg_unary_fn, TG_K_MUL_SCALAR, x)(mean->numel, tg__tensor_ptr(mean),
+                                               tg__tensor_ptr(mean), n ? 1.0 / (double)n : 0.0);
+    tg_spec xs;
+    tg__spec_of(x, &xs);
+    tg_bcast bc;
+    tg__bcast_desc(&xs, x, mean, &bc);
+    TG_KERNEL(tg_binary_fn, TG_K_SUB, x)(&bc, tg__tensor_ptr(x), tg__tensor_ptr(mean),
+                                         tg__tensor_ptr(dev));
+    tg__bcast_desc(&xs, dev, dev, &bc);
+    TG_KERNEL(tg_binary_fn, TG_K_MUL, x)(&bc, tg__tensor_ptr(dev), tg__tensor_ptr(dev),
+                                         tg__tensor_ptr(dev));
+    TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, x)(&r, tg__tensor_ptr(dev), tg__tensor_ptr(y));
+    TG_KERNEL(tg_unary_fn, TG_K_MUL_SCALAR, x)(y->numel, tg__tensor_ptr(y), tg__tensor_ptr(y),
+                                               var_scale(n, ctx->attrs->scalar));
+    if (take_sqrt)
+        TG_KERNEL(tg_unary_fn, TG_K_SQRT, x)(y->numel, tg__tensor_ptr(y), tg__tensor_ptr(y), 0.0);
+    tg_tensor_release(mean);
+    tg_tensor_release(dev);
+    return y;
+}
+
+/* d var / dx = 2 (x - mean) / (N - c); d std / dx = (x - mean) / ((N - c) std). */
+static tg_status var_like_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin, bool is_std)
+{
+    const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0);
+    tg_tensor *x = tg_op_ctx_input(ctx, 0);
+    bool mask[TG_MAX_DIMS];
+    dims_mask(ctx->op, ctx->attrs, xs->ndim, mask);
+    int64_t n = var_count(mask, xs);
+    double s = var_scale(n, ctx->attrs->scalar);
+    tg_op_attrs ma = *ctx->attrs;
+    ma.flag = 1;
+    tg_tensor *dev = tg_sub(x, tg__call1(&tg__op_mean, x, &ma));
+    tg_tensor *gk = keep_form(g, xs, mask);
+    if (is_std)
+        gin[0] = tg_mul(tg_mul_scalar(dev, s), tg_div(gk, keep_form(tg_op_ctx_output(ctx), xs, mask)));
+    else
+        gin[0] = tg_mul(tg_mul_scalar(dev, 2.0 * s), gk);
+    return gin[0] ? TG_OK : tg_last_error();
+}
+
+static int var_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const int64_t shape[3] = {2, 3, 4};
+    switch (k) {
+    case 0: a->scalar = 1.0; break;                                              /* all */
+    case 1: a->nints = 1; a->ints[0] = 1; a->scalar = 1.0; break;
+    case 2: a->nints = 2; a->ints[0] = 0; a->ints[1] = 2; a->scalar = 0.0; break;
+    case 3: a->nints = 1; a->ints[0] = -1; a->flag = 1; a->scalar = 1.0; break;
+    case 4: a->nints = 2; a->ints[0] = 0; a->ints[1] = 1; a->flag = 1; a->scalar = 0.0; break;
+    default: return 0;
+    }
+    in[0] = tg__sample_uniform(rng, 3, shape, -1.0, 1.0);
+    return in[0] ? 1 : -1;
+}
+
+static tg_tensor *var_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return var_like_fwd(ctx, in, false);
+}
+static tg_status var_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    return var_like_bwd(ctx, g, gin, false);
+}
+static tg_tensor *std_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return var_like_fwd(ctx, in, true);
+}
+static tg_status std_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    return var_like_bwd(ctx, g, gin, true);
+}
+
+const tg_op tg__op_var = {
+    .name = "var", .doc = "y = sum over dims (x - mean)^2 / (N - correction)", .arity = 1,
+    .shape = var_shape, .forward = var_fwd, .backward = var_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .saves = TG_SAVE_INPUT(0), .sample = var_sample,
+};
+const tg_op tg__op_std = {
+    .name = "std", .doc = "y = sqrt(var over dims, with correction)", .arity = 1,
+    .shape = var_shape, .forward = std_fwd, .backward = std_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .saves = TG_SAVE_INPUT(0) | TG_SAVE_OUTPUT, .sample = var_sample,
 };
 
 /* ---- public wrappers */
@@ -308,4 +577,45 @@ tg_tensor *tg_argmax(tg_tensor *x, int dim, bool keepdim)
 {
     tg_op_attrs a = {.nints = 1, .ints = {dim}, .flag = keepdim};
     return tg__call1(&tg__op_argmax, x, &a);
+}
+
+tg_tensor *tg_min_dim(tg_tensor *x, int dim, bool keepdim)
+{
+    tg_op_attrs a = {.nints = 1, .ints = {dim}, .flag = keepdim};
+    return tg__call1(&tg__op_min_dim, x, &a);
+}
+
+tg_tensor *tg_logsumexp(tg_tensor *x, int dim, bool keepdim)
+{
+    tg_op_attrs a = {.nints = 1, .ints = {dim}, .flag = keepdim};
+    return tg__call1(&tg__op_logsumexp, x, &a);
+}
+
+static tg_tensor *call_var(const tg_op *op, tg_tensor *x, int ndims, const int *dims,
+                           int correction, bool keepdim)
+{
+    tg_op_attrs a = {.flag = keepdim, .scalar = (double)correction};
+    if (!x) return tg__call1(op, x, &a); /* keeps the pending error */
+    if (ndims < 0 || ndims > TG_MAX_DIMS || (ndims > 0 && !dims)) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (%d dims)", op->name, ndims);
+        return NULL;
+    }
+    if (correction < 0) {
+        tg__err(TG_ERR_INVALID, "bad argument #4 to '%s' (correction %d < 0)", op->name,
+                correction);
+        return NULL;
+    }
+    a.nints = ndims;
+    for (int i = 0; i < ndims; i++) a.ints[i] = dims[i];
+    return tg__call1(op, x, &a);
+}
+
+tg_tensor *tg_var(tg_tensor *x, int ndims, const int *dims, int correction, bool keepdim)
+{
+    return call_var(&tg__op_var, x, ndims, dims, correction, keepdim);
+}
+
+tg_tensor *tg_std(tg_tensor *x, int ndims, const int *dims, int correction, bool keepdim)
+{
+    return call_var(&tg__op_std, x, ndims, dims, correction, keepdim);
 }

@@ -1,9 +1,16 @@
 /* Shape and movement ops: reshape (a view of contiguous data), permute and
  * transpose (strided views), expand (a stride-0 view), sum_to, contiguous,
- * to_device and cast. */
+ * to_device, cast, and the joins concat and narrow (a view).
+ *
+ * concat is one binary op ("concat"(a, b) along attrs.ints[0]); tg_concat
+ * joins n tensors by applying it over a balanced tree (log2 n levels of
+ * copies), so TG_OP_MAX_INPUTS stays 4. narrow's backward pads the
+ * gradient with zeros through concat, and concat's backward narrows: both
+ * stay differentiable. */
+#include <stdlib.h>
 #include <string.h>
 
-#include "ops/sample.h"
+#include "ops/helpers.h"
 
 static tg_status copy_shape_attr(const tg_op_attrs *a, tg_spec *out, tg_dtype dt)
 {
@@ -322,6 +329,155 @@ const tg_op tg__op_cast = {
     .sample = cast_sample,
 };
 
+/* ---- concat(a, b) along attrs.ints[0] */
+static tg_status concat_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
+                              tg_spec *out)
+{
+    int d;
+    if (tg__need_same_dtype(op, in[0], in[1])) return TG_ERR_DTYPE;
+    if (tg__need_dims(op, in[0])) return TG_ERR_SHAPE;
+    if (tg__norm_dim(op, 3, a->ints[0], in[0]->ndim, &d)) return TG_ERR_INVALID;
+    bool ok = in[1]->ndim == in[0]->ndim;
+    for (int i = 0; ok && i < in[0]->ndim; i++)
+        if (i != d && in[0]->shape[i] != in[1]->shape[i]) ok = false;
+    if (!ok) {
+        char s1[96], s2[96];
+        return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (shapes %s and %s differ outside "
+                                     "dim %d)", op->name,
+                       tg_shape_str(in[0]->ndim, in[0]->shape, s1, sizeof s1),
+                       tg_shape_str(in[1]->ndim, in[1]->shape, s2, sizeof s2), d);
+    }
+    tg__spec_of(in[0], out);
+    out->shape[d] += in[1]->shape[d];
+    return TG_OK;
+}
+
+static tg_tensor *concat_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    int d = tg__dim_attr(ctx->attrs, in[0]->ndim);
+    int64_t outer, na, nb, inner;
+    tg__split_dim(in[0]->ndim, in[0]->shape, d, &outer, &na, &inner);
+    nb = in[1]->shape[d];
+    tg_tensor *y = tg_op_ctx_new_output(ctx);
+    if (!y) return NULL;
+    TG_KERNEL(tg_concat_fn, TG_K_CONCAT, y)(outer, na, nb, inner, tg__tensor_ptr(in[0]),
+                                            tg__tensor_ptr(in[1]), tg__tensor_ptr(y),
+                                            tg_dtype_size(y->dtype));
+    return y;
+}
+
+static tg_status concat_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    const tg_spec *a = tg_op_ctx_input_spec(ctx, 0), *b = tg_op_ctx_input_spec(ctx, 1);
+    int d = tg__dim_attr(ctx->attrs, a->ndim);
+    if (tg_op_ctx_needs_grad(ctx, 0) && !(gin[0] = tg_narrow(g, d, 0, a->shape[d])))
+        return tg_last_error();
+    if (tg_op_ctx_needs_grad(ctx, 1) && !(gin[1] = tg_narrow(g, d, a->shape[d], b->shape[d])))
+        return tg_last_error();
+    return TG_OK;
+}
+
+static int concat_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const struct { int n; int64_t a[3], b[3]; int dim; } c[] = {
+        {2, {2, 3}, {2, 4}, 1}, {2, {3, 2}, {1, 2}, 0}, {3, {2, 3, 4}, {2, 1, 4}, -2},
+        {1, {3}, {5}, 0},
+    };
+    if (k >= 4) return 0;
+    a->nints = 1;
+    a->ints[0] = c[k].dim;
+    in[0] = tg__sample_uniform(rng, c[k].n, c[k].a, -1.0, 1.0);
+    in[1] = tg__sample_uniform(rng, c[k].n, c[k].b, -1.0, 1.0);
+    return (in[0] && in[1]) ? 2 : -1;
+}
+
+const tg_op tg__op_concat = {
+    .name = "concat", .doc = "y = a ++ b along dim", .arity = 2, .shape = concat_shape,
+    .forward = concat_fwd, .backward = concat_bwd, .cost = TG_COST_MEMORY_BOUND,
+    .sample = concat_sample,
+};
+
+/* ---- narrow: attrs.ints = {dim, start, length}, start may be negative
+ * (from the end). A strided view of x. */
+static tg_status narrow_args(const tg_op *op, const tg_op_attrs *a, const tg_tensor *x, int *dim,
+                             int64_t *start, int64_t *len)
+{
+    if (tg__need_dims(op, x)) return TG_ERR_SHAPE;
+    if (tg__norm_dim(op, 2, a->ints[0], x->ndim, dim)) return TG_ERR_INVALID;
+    int64_t size = x->shape[*dim];
+    *start = a->ints[1] < 0 ? a->ints[1] + size : a->ints[1];
+    *len = a->ints[2];
+    if (*start < 0 || *start > size || *len < 0 || *len > size - *start)
+        return tg__err(TG_ERR_INVALID, "bad argument #3 to '%s' (start %lld, length %lld outside "
+                                       "dim %d of size %lld)", op->name, (long long)a->ints[1],
+                       (long long)a->ints[2], *dim, (long long)size);
+    return TG_OK;
+}
+
+static tg_status narrow_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
+                              tg_spec *out)
+{
+    int d;
+    int64_t start, len;
+    if (narrow_args(op, a, in[0], &d, &start, &len)) return tg_last_error();
+    tg__spec_of(in[0], out);
+    out->shape[d] = len;
+    return TG_OK;
+}
+
+static tg_tensor *narrow_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    const tg_tensor *x = in[0];
+    int d = 0;
+    int64_t start = 0, len = 0;
+    narrow_args(ctx->op, ctx->attrs, x, &d, &start, &len); /* valid: checked by the shape rule */
+    return tg__tensor_view(x, x->ndim, ctx->out_spec->shape, x->strides,
+                           x->offset + start * x->strides[d]);
+}
+
+/* gx = zeros(before) ++ g ++ zeros(after) along dim. */
+static tg_status narrow_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0);
+    int d = tg__dim_attr(ctx->attrs, xs->ndim);
+    int64_t size = xs->shape[d], len = ctx->attrs->ints[2];
+    int64_t start = ctx->attrs->ints[1] < 0 ? ctx->attrs->ints[1] + size : ctx->attrs->ints[1];
+    tg_tensor *parts[3];
+    int n = 0;
+    tg_spec z = *xs;
+    if (start > 0) {
+        z.shape[d] = start;
+        parts[n++] = tg__full(&z, g->backend, 0.0);
+    }
+    parts[n++] = g;
+    if (size - start - len > 0) {
+        z.shape[d] = size - start - len;
+        parts[n++] = tg__full(&z, g->backend, 0.0);
+    }
+    gin[0] = n == 1 ? g : tg_concat(n, parts, d);
+    return gin[0] ? TG_OK : tg_last_error();
+}
+
+static int narrow_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const struct { int n; int64_t s[3]; int64_t dim, start, len; } c[] = {
+        {2, {4, 5}, 1, 1, 3}, {2, {4, 5}, 0, -3, 2}, {3, {2, 3, 4}, 2, 0, 4}, {3, {2, 6, 3}, -2, 4, 2},
+    };
+    if (k >= 4) return 0;
+    a->nints = 3;
+    a->ints[0] = c[k].dim;
+    a->ints[1] = c[k].start;
+    a->ints[2] = c[k].len;
+    in[0] = tg__sample_uniform(rng, c[k].n, c[k].s, -1.0, 1.0);
+    return in[0] ? 1 : -1;
+}
+
+const tg_op tg__op_narrow = {
+    .name = "narrow", .doc = "y = x[.., start:start+length, ..] along dim (view)", .arity = 1,
+    .shape = narrow_shape, .forward = narrow_fwd, .backward = narrow_bwd,
+    .cost = TG_COST_MEMORY_BOUND, .flags = TG_OP_STRIDED_INPUTS, .sample = narrow_sample,
+};
+
 /* ---- public wrappers */
 static tg_tensor *call_shape(const tg_op *op, tg_tensor *x, int ndim, const int64_t *shape)
 {
@@ -415,4 +571,74 @@ tg_tensor *tg_cast(tg_tensor *x, tg_dtype dtype)
 {
     tg_op_attrs a = {.target = (int)dtype};
     return tg__call1(&tg__op_cast, x, &a);
+}
+
+tg_tensor *tg_concat(int n, tg_tensor *const *xs, int dim)
+{
+    if (n < 1 || !xs) {
+        tg__err(TG_ERR_INVALID, "bad argument #1 to 'concat' (%d tensors; need at least 1)", n);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        if (!xs[i]) {
+            tg__err_null("concat", 2);
+            return NULL;
+        }
+    const tg_tensor *x0 = xs[0];
+    int d;
+    if (tg__need_dims(&tg__op_concat, x0) || tg__norm_dim(&tg__op_concat, 3, dim, x0->ndim, &d))
+        return NULL;
+    for (int i = 1; i < n; i++) {
+        const tg_tensor *x = xs[i];
+        bool ok = x->ndim == x0->ndim;
+        for (int j = 0; ok && j < x0->ndim; j++)
+            if (j != d && x->shape[j] != x0->shape[j]) ok = false;
+        char s1[96], s2[96];
+        if (x->dtype != x0->dtype) {
+            tg__err(TG_ERR_DTYPE, "bad argument #2 to 'concat' (tensor %d is %s, tensor 0 is %s)",
+                    i, tg_dtype_name(x->dtype), tg_dtype_name(x0->dtype));
+            return NULL;
+        }
+        if (!ok) {
+            tg__err(TG_ERR_SHAPE, "bad argument #2 to 'concat' (tensor %d has shape %s, tensor 0 "
+                                  "%s: all dims but %d must match)", i,
+                    tg_shape_str(x->ndim, x->shape, s1, sizeof s1),
+                    tg_shape_str(x0->ndim, x0->shape, s2, sizeof s2), d);
+            return NULL;
+        }
+    }
+    if (n == 1) return tg_contiguous(xs[0]);
+    tg_tensor **level = malloc((size_t)n * sizeof *level);
+    if (!level) {
+        tg__err(TG_ERR_NOMEM, "out of memory in 'concat'");
+        return NULL;
+    }
+    memcpy(level, xs, (size_t)n * sizeof *level);
+    tg_op_attrs a = {.nints = 1, .ints = {d}};
+    tg_scope_begin(); /* intermediates die here; only the result leaves */
+    int m = n;
+    while (m > 1) {
+        int k = 0;
+        for (int i = 0; i + 1 < m; i += 2) {
+            level[k] = tg__call2(&tg__op_concat, level[i], level[i + 1], &a);
+            if (!level[k]) {
+                m = 0;
+                break;
+            }
+            k++;
+        }
+        if (m == 0) break;
+        if (m % 2) level[k++] = level[m - 1];
+        m = k;
+    }
+    tg_tensor *y = m == 1 ? tg_scope_keep(level[0]) : NULL;
+    tg_scope_end();
+    free(level);
+    return tg__scope_track(y);
+}
+
+tg_tensor *tg_narrow(tg_tensor *x, int dim, int64_t start, int64_t length)
+{
+    tg_op_attrs a = {.nints = 3, .ints = {dim, start, length}};
+    return tg__call1(&tg__op_narrow, x, &a);
 }

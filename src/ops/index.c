@@ -1,22 +1,23 @@
-/* Indexing and joining: concat, narrow (a view), index_select, gather and
- * embedding, with the scatter-add adjoints index_select_backward and
- * gather_backward.
+/* Indexing and selection: index_select, gather and embedding, with the
+ * scatter-add adjoints index_select_backward and gather_backward, and the
+ * selections where(cond, a, b) and masked_fill(x, mask, value).
  *
- * concat is one binary op ("concat"(a, b) along attrs.ints[0]); tg_concat
- * joins n tensors by applying it over a balanced tree (log2 n levels of
- * copies), so TG_OP_MAX_INPUTS stays 4. narrow's backward pads the
- * gradient with zeros through concat, and concat's backward narrows: both
- * stay differentiable. The scatter-add ops are differentiable too (their
- * adjoint is the select/gather again), so double backward works.
+ * The scatter-add ops are differentiable (their adjoint is the
+ * select/gather again), so double backward works. Index tensors are i64;
+ * entries are checked against the indexed size in forward (TG_ERR_INVALID
+ * naming the op, the position and the range). Argument numbers in messages
+ * follow the public functions (x #1, dim #2, index #3). Movement ops accept
+ * every dtype; gradients need floating.
  *
- * Index tensors are i64; entries are checked against the indexed size in
- * forward (TG_ERR_INVALID naming the op, the position and the range).
- * Argument numbers in messages follow the public functions (x #1, dim #2,
- * index #3). Movement ops accept every dtype; gradients need floating. */
+ * where/masked_fill conditions and masks are i64 or of the data's dtype,
+ * nonzero meaning true (NaN is true), broadcasting. Their gradients are
+ * routed with where / masked_fill themselves, so a second backward works;
+ * a floating condition gets a zero gradient (the output is piecewise
+ * constant in it). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "ops/ext_common.h"
+#include "ops/helpers.h"
 
 static tg_status check_index(const tg_op *op, int argi, const tg_tensor *idx, int64_t hi)
 {
@@ -36,169 +37,13 @@ static tg_status need_i64(const tg_op *op, int argi, const tg_tensor *t)
                    tg_dtype_name(t->dtype));
 }
 
-static tg_status need_dims(const tg_op *op, const tg_tensor *x)
-{
-    if (x->ndim > 0) return TG_OK;
-    return tg__err(TG_ERR_SHAPE, "bad argument #1 to '%s' (0-d tensor; needs at least 1 dim)",
-                   op->name);
-}
-
-/* ---- concat(a, b) along attrs.ints[0] */
-static tg_status concat_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
-                              tg_spec *out)
-{
-    int d;
-    if (tg__need_same_dtype(op, in[0], in[1])) return TG_ERR_DTYPE;
-    if (need_dims(op, in[0])) return TG_ERR_SHAPE;
-    if (tg__norm_dim(op, 3, a->ints[0], in[0]->ndim, &d)) return TG_ERR_INVALID;
-    bool ok = in[1]->ndim == in[0]->ndim;
-    for (int i = 0; ok && i < in[0]->ndim; i++)
-        if (i != d && in[0]->shape[i] != in[1]->shape[i]) ok = false;
-    if (!ok) {
-        char s1[96], s2[96];
-        return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (shapes %s and %s differ outside "
-                                     "dim %d)", op->name,
-                       tg_shape_str(in[0]->ndim, in[0]->shape, s1, sizeof s1),
-                       tg_shape_str(in[1]->ndim, in[1]->shape, s2, sizeof s2), d);
-    }
-    tg__spec_of(in[0], out);
-    out->shape[d] += in[1]->shape[d];
-    return TG_OK;
-}
-
-static tg_tensor *concat_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
-{
-    int d = tg__ext_dim(ctx->attrs, in[0]->ndim);
-    int64_t outer, na, nb, inner;
-    tg__split_dim(in[0]->ndim, in[0]->shape, d, &outer, &na, &inner);
-    nb = in[1]->shape[d];
-    tg_tensor *y = tg_op_ctx_new_output(ctx);
-    if (!y) return NULL;
-    TG_KERNEL(tg_concat_fn, TG_K_CONCAT, y)(outer, na, nb, inner, tg__tensor_ptr(in[0]),
-                                            tg__tensor_ptr(in[1]), tg__tensor_ptr(y),
-                                            tg_dtype_size(y->dtype));
-    return y;
-}
-
-static tg_status concat_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
-{
-    const tg_spec *a = tg_op_ctx_input_spec(ctx, 0), *b = tg_op_ctx_input_spec(ctx, 1);
-    int d = tg__ext_dim(ctx->attrs, a->ndim);
-    if (tg_op_ctx_needs_grad(ctx, 0) && !(gin[0] = tg_narrow(g, d, 0, a->shape[d])))
-        return tg_last_error();
-    if (tg_op_ctx_needs_grad(ctx, 1) && !(gin[1] = tg_narrow(g, d, a->shape[d], b->shape[d])))
-        return tg_last_error();
-    return TG_OK;
-}
-
-static int concat_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
-{
-    static const struct { int n; int64_t a[3], b[3]; int dim; } c[] = {
-        {2, {2, 3}, {2, 4}, 1}, {2, {3, 2}, {1, 2}, 0}, {3, {2, 3, 4}, {2, 1, 4}, -2},
-        {1, {3}, {5}, 0},
-    };
-    if (k >= 4) return 0;
-    a->nints = 1;
-    a->ints[0] = c[k].dim;
-    in[0] = tg__sample_uniform(rng, c[k].n, c[k].a, -1.0, 1.0);
-    in[1] = tg__sample_uniform(rng, c[k].n, c[k].b, -1.0, 1.0);
-    return (in[0] && in[1]) ? 2 : -1;
-}
-
-const tg_op tg__op_concat = {
-    .name = "concat", .doc = "y = a ++ b along dim", .arity = 2, .shape = concat_shape,
-    .forward = concat_fwd, .backward = concat_bwd, .cost = TG_COST_MEMORY_BOUND,
-    .sample = concat_sample,
-};
-
-/* ---- narrow: attrs.ints = {dim, start, length}, start may be negative
- * (from the end). A strided view of x. */
-static tg_status narrow_args(const tg_op *op, const tg_op_attrs *a, const tg_tensor *x, int *dim,
-                             int64_t *start, int64_t *len)
-{
-    if (need_dims(op, x)) return TG_ERR_SHAPE;
-    if (tg__norm_dim(op, 2, a->ints[0], x->ndim, dim)) return TG_ERR_INVALID;
-    int64_t size = x->shape[*dim];
-    *start = a->ints[1] < 0 ? a->ints[1] + size : a->ints[1];
-    *len = a->ints[2];
-    if (*start < 0 || *start > size || *len < 0 || *len > size - *start)
-        return tg__err(TG_ERR_INVALID, "bad argument #3 to '%s' (start %lld, length %lld outside "
-                                       "dim %d of size %lld)", op->name, (long long)a->ints[1],
-                       (long long)a->ints[2], *dim, (long long)size);
-    return TG_OK;
-}
-
-static tg_status narrow_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
-                              tg_spec *out)
-{
-    int d;
-    int64_t start, len;
-    if (narrow_args(op, a, in[0], &d, &start, &len)) return tg_last_error();
-    tg__spec_of(in[0], out);
-    out->shape[d] = len;
-    return TG_OK;
-}
-
-static tg_tensor *narrow_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
-{
-    const tg_tensor *x = in[0];
-    int d = 0;
-    int64_t start = 0, len = 0;
-    narrow_args(ctx->op, ctx->attrs, x, &d, &start, &len); /* valid: checked by the shape rule */
-    return tg__tensor_view(x, x->ndim, ctx->out_spec->shape, x->strides,
-                           x->offset + start * x->strides[d]);
-}
-
-/* gx = zeros(before) ++ g ++ zeros(after) along dim. */
-static tg_status narrow_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
-{
-    const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0);
-    int d = tg__ext_dim(ctx->attrs, xs->ndim);
-    int64_t size = xs->shape[d], len = ctx->attrs->ints[2];
-    int64_t start = ctx->attrs->ints[1] < 0 ? ctx->attrs->ints[1] + size : ctx->attrs->ints[1];
-    tg_tensor *parts[3];
-    int n = 0;
-    tg_spec z = *xs;
-    if (start > 0) {
-        z.shape[d] = start;
-        parts[n++] = tg__ext_full(&z, g->backend, 0.0);
-    }
-    parts[n++] = g;
-    if (size - start - len > 0) {
-        z.shape[d] = size - start - len;
-        parts[n++] = tg__ext_full(&z, g->backend, 0.0);
-    }
-    gin[0] = n == 1 ? g : tg_concat(n, parts, d);
-    return gin[0] ? TG_OK : tg_last_error();
-}
-
-static int narrow_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
-{
-    static const struct { int n; int64_t s[3]; int64_t dim, start, len; } c[] = {
-        {2, {4, 5}, 1, 1, 3}, {2, {4, 5}, 0, -3, 2}, {3, {2, 3, 4}, 2, 0, 4}, {3, {2, 6, 3}, -2, 4, 2},
-    };
-    if (k >= 4) return 0;
-    a->nints = 3;
-    a->ints[0] = c[k].dim;
-    a->ints[1] = c[k].start;
-    a->ints[2] = c[k].len;
-    in[0] = tg__sample_uniform(rng, c[k].n, c[k].s, -1.0, 1.0);
-    return in[0] ? 1 : -1;
-}
-
-const tg_op tg__op_narrow = {
-    .name = "narrow", .doc = "y = x[.., start:start+length, ..] along dim (view)", .arity = 1,
-    .shape = narrow_shape, .forward = narrow_fwd, .backward = narrow_bwd,
-    .cost = TG_COST_MEMORY_BOUND, .flags = TG_OP_STRIDED_INPUTS, .sample = narrow_sample,
-};
-
 /* ---- index_select(x, idx) along attrs.ints[0]; idx 1-d (or 0-d) i64.
  * index_select_backward(g, idx): attrs.ints = {dim, size of x along dim}. */
 static tg_status isel_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
                             tg_spec *out)
 {
     int d;
-    if (need_dims(op, in[0]) || need_i64(op, 3, in[1])) return tg_last_error();
+    if (tg__need_dims(op, in[0]) || need_i64(op, 3, in[1])) return tg_last_error();
     if (tg__norm_dim(op, 2, a->ints[0], in[0]->ndim, &d)) return TG_ERR_INVALID;
     if (in[1]->ndim > 1)
         return tg__err(TG_ERR_SHAPE, "bad argument #3 to '%s' (%d-d index; need 1-d)", op->name,
@@ -211,7 +56,7 @@ static tg_status isel_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *co
 static tg_tensor *isel_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *x = in[0];
-    int d = tg__ext_dim(ctx->attrs, x->ndim);
+    int d = tg__dim_attr(ctx->attrs, x->ndim);
     int64_t outer, n, inner;
     tg__split_dim(x->ndim, x->shape, d, &outer, &n, &inner);
     if (check_index(ctx->op, 3, in[1], n)) return NULL;
@@ -228,7 +73,7 @@ static tg_status iadd_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *co
 {
     int d;
     if (tg__need_float(op, 1, in[0]) || need_i64(op, 2, in[1])) return TG_ERR_DTYPE;
-    if (need_dims(op, in[0])) return TG_ERR_SHAPE;
+    if (tg__need_dims(op, in[0])) return TG_ERR_SHAPE;
     if (tg__norm_dim(op, 2, a->ints[0], in[0]->ndim, &d)) return TG_ERR_INVALID;
     if (in[1]->ndim > 1 || in[1]->numel != in[0]->shape[d] || a->ints[1] < 0)
         return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (%lld indices for a gradient of "
@@ -242,7 +87,7 @@ static tg_status iadd_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *co
 
 static tg_tensor *iadd_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
-    int d = tg__ext_dim(ctx->attrs, in[0]->ndim);
+    int d = tg__dim_attr(ctx->attrs, in[0]->ndim);
     int64_t outer, nidx, inner, n = ctx->attrs->ints[1];
     tg__split_dim(in[0]->ndim, in[0]->shape, d, &outer, &nidx, &inner);
     if (check_index(ctx->op, 2, in[1], n)) return NULL;
@@ -270,7 +115,7 @@ static int iadd_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
     a->ints[0] = c[k].dim;
     a->ints[1] = c[k].size;
     in[0] = tg__sample_uniform(rng, c[k].n, c[k].s, -1.0, 1.0);
-    in[1] = tg__ext_sample_index(rng, 1, &c[k].s[d], c[k].size);
+    in[1] = tg__sample_index(rng, 1, &c[k].s[d], c[k].size);
     return (in[0] && in[1]) ? 2 : -1;
 }
 
@@ -283,7 +128,7 @@ const tg_op tg__op_index_select_backward = {
 static tg_status isel_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0);
-    int d = tg__ext_dim(ctx->attrs, xs->ndim);
+    int d = tg__dim_attr(ctx->attrs, xs->ndim);
     tg_tensor *idx = tg_op_ctx_input(ctx, 1);
     if (idx->ndim == 0) idx = tg_reshape(idx, 1, (const int64_t[]){1});
     tg_op_attrs a = {.nints = 2, .ints = {d, xs->shape[d]}};
@@ -301,7 +146,7 @@ static int isel_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
     a->nints = 1;
     a->ints[0] = c[k].dim;
     in[0] = tg__sample_uniform(rng, c[k].n, c[k].s, -1.0, 1.0);
-    in[1] = tg__ext_sample_index(rng, k == 3 ? 0 : 1, &c[k].nidx, c[k].s[d]);
+    in[1] = tg__sample_index(rng, k == 3 ? 0 : 1, &c[k].nidx, c[k].s[d]);
     return (in[0] && in[1]) ? 2 : -1;
 }
 
@@ -331,7 +176,7 @@ static tg_status gather_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *
                               tg_spec *out)
 {
     int d;
-    if (need_dims(op, in[0]) || need_i64(op, 3, in[1])) return tg_last_error();
+    if (tg__need_dims(op, in[0]) || need_i64(op, 3, in[1])) return tg_last_error();
     if (tg__norm_dim(op, 2, a->ints[0], in[0]->ndim, &d)) return TG_ERR_INVALID;
     if (gather_check(op, in[0]->ndim, in[0]->shape, d, in[1], 3)) return TG_ERR_SHAPE;
     tg__spec_of(in[1], out);
@@ -342,7 +187,7 @@ static tg_status gather_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *
 static tg_tensor *gather_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *x = in[0], *idx = in[1];
-    int d = tg__ext_dim(ctx->attrs, x->ndim);
+    int d = tg__dim_attr(ctx->attrs, x->ndim);
     if (check_index(ctx->op, 3, idx, x->shape[d])) return NULL;
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     if (!y) return NULL;
@@ -397,7 +242,7 @@ static const struct { int n; int64_t x[3], i[3]; int dim; } gather_cases[] = {
 static int gather_case(int k, tg_rng *rng, tg_tensor **in, int *d)
 {
     *d = gather_cases[k].dim < 0 ? gather_cases[k].dim + gather_cases[k].n : gather_cases[k].dim;
-    in[1] = tg__ext_sample_index(rng, gather_cases[k].n, gather_cases[k].i,
+    in[1] = tg__sample_index(rng, gather_cases[k].n, gather_cases[k].i,
                                  gather_cases[k].x[*d]);
     return in[1] ? 0 : -1;
 }
@@ -423,7 +268,7 @@ const tg_op tg__op_gather_backward = {
 static tg_status gather_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0);
-    tg_op_attrs a = {.nints = xs->ndim, .target = tg__ext_dim(ctx->attrs, xs->ndim)};
+    tg_op_attrs a = {.nints = xs->ndim, .target = tg__dim_attr(ctx->attrs, xs->ndim)};
     memcpy(a.ints, xs->shape, sizeof a.ints);
     gin[0] = tg__call2(&tg__op_gather_backward, g, tg_op_ctx_input(ctx, 1), &a);
     return gin[0] ? TG_OK : tg_last_error();
@@ -499,7 +344,7 @@ static int emb_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
     if (k >= 3) return 0;
     int64_t ws[2] = {c[k].v, c[k].d};
     in[0] = tg__sample_uniform(rng, 2, ws, -1.0, 1.0);
-    in[1] = tg__ext_sample_index(rng, c[k].n, c[k].ids, c[k].v);
+    in[1] = tg__sample_index(rng, c[k].n, c[k].ids, c[k].v);
     return (in[0] && in[1]) ? 2 : -1;
 }
 
@@ -509,80 +354,156 @@ const tg_op tg__op_embedding = {
     .saves = TG_SAVE_INPUT(1), .sample = emb_sample,
 };
 
+
+/* cond/mask dtype: i64 or the data's. argi names it in the message. */
+static tg_status need_mask_dtype(const tg_op *op, int argi, const tg_tensor *m,
+                                 const tg_tensor *data)
+{
+    if (m->dtype == TG_I64 || m->dtype == data->dtype) return TG_OK;
+    return tg__err(TG_ERR_DTYPE, "bad argument #%d to '%s' (%s condition; need i64 or the data's "
+                                 "dtype %s)", argi, op->name, tg_dtype_name(m->dtype),
+                   tg_dtype_name(data->dtype));
+}
+
+/* Gradient for a floating condition input: zeros of its spec. */
+static tg_status cond_grad(tg_op_ctx *ctx, int i, tg_tensor **gin)
+{
+    if (!tg_op_ctx_needs_grad(ctx, i)) return TG_OK;
+    gin[i] = tg__full(tg_op_ctx_input_spec(ctx, i), ctx->backend, 0.0);
+    return gin[i] ? TG_OK : tg_last_error();
+}
+
+/* Cases for the conditions: i64 0/1 entries, or (floating) nonzero only so
+ * that the central differences never flip a selection. */
+static tg_tensor *sample_cond(tg_rng *rng, int ndim, const int64_t *shape, bool floating)
+{
+    if (floating) return tg__sample_away_from_zero(rng, ndim, shape, 0.5, 2.0);
+    return tg__sample_index(rng, ndim, shape, 2);
+}
+
+/* ---- where(cond, a, b) */
+static tg_status where_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
+                             tg_spec *out)
+{
+    (void)attrs;
+    if (in[1]->dtype != TG_I64 && tg__need_float(op, 2, in[1])) return TG_ERR_DTYPE;
+    if (in[2]->dtype != in[1]->dtype)
+        return tg__err(TG_ERR_DTYPE, "bad argument #3 to '%s' (%s, but argument #2 is %s; "
+                                     "convert with tg_cast)", op->name,
+                       tg_dtype_name(in[2]->dtype), tg_dtype_name(in[1]->dtype));
+    if (need_mask_dtype(op, 1, in[0], in[1])) return TG_ERR_DTYPE;
+    return tg__broadcast3(op, 3, in, out);
+}
+
+static tg_tensor *where_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    tg_tensor *out = tg_op_ctx_new_output(ctx);
+    if (!out) return NULL;
+    tg_bcast3 bc;
+    tg__bcast3_desc(ctx->out_spec, 3, in, &bc);
+    TG_KERNEL(tg_where_fn, TG_K_WHERE, out)(&bc, tg__tensor_ptr(in[0]), in[0]->dtype,
+                                            tg__tensor_ptr(in[1]), tg__tensor_ptr(in[2]),
+                                            tg__tensor_ptr(out));
+    return out;
+}
+
+/* ga = where(cond, g, 0), gb = where(cond, 0, g), each summed back to the
+ * operand's shape. */
+static tg_status where_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    tg_tensor *cond = tg_op_ctx_input(ctx, 0);
+    tg_tensor *zero = tg__scalar(g->dtype, g->backend, 0.0);
+    if (tg_op_ctx_needs_grad(ctx, 1)) {
+        gin[1] = tg__unbroadcast(tg_where(cond, g, zero), tg_op_ctx_input_spec(ctx, 1));
+        if (!gin[1]) return tg_last_error();
+    }
+    if (tg_op_ctx_needs_grad(ctx, 2)) {
+        gin[2] = tg__unbroadcast(tg_where(cond, zero, g), tg_op_ctx_input_spec(ctx, 2));
+        if (!gin[2]) return tg_last_error();
+    }
+    return cond_grad(ctx, 0, gin);
+}
+
+static int where_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const struct { int n[3]; int64_t s[3][3]; bool fcond; } c[] = {
+        {{2, 2, 2}, {{3, 4}, {3, 4}, {3, 4}}, false},
+        {{2, 1, 2}, {{3, 1}, {4}, {3, 4}}, false},
+        {{3, 2, 0}, {{2, 3, 4}, {3, 4}, {0}}, false},
+        {{1, 2, 2}, {{4}, {3, 4}, {3, 1}}, true},
+    };
+    (void)a;
+    if (k >= 4) return 0;
+    in[0] = sample_cond(rng, c[k].n[0], c[k].s[0], c[k].fcond);
+    in[1] = tg__sample_uniform(rng, c[k].n[1], c[k].s[1], -2.0, 2.0);
+    in[2] = tg__sample_uniform(rng, c[k].n[2], c[k].s[2], -2.0, 2.0);
+    return (in[0] && in[1] && in[2]) ? 3 : -1;
+}
+
+const tg_op tg__op_where = {
+    .name = "where", .doc = "y = cond != 0 ? a : b (broadcasting)", .arity = 3,
+    .shape = where_shape, .forward = where_fwd, .backward = where_bwd,
+    .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(0), .sample = where_sample,
+};
+
+/* ---- masked_fill(x, mask; value = attrs.scalar) */
+static tg_status masked_fill_shape(const tg_op *op, const tg_op_attrs *attrs,
+                                   tg_tensor *const *in, tg_spec *out)
+{
+    (void)attrs;
+    if (in[0]->dtype != TG_I64 && tg__need_float(op, 1, in[0])) return TG_ERR_DTYPE;
+    if (need_mask_dtype(op, 2, in[1], in[0])) return TG_ERR_DTYPE;
+    return tg__broadcast3(op, 2, in, out);
+}
+
+static tg_tensor *masked_fill_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    tg_tensor *out = tg_op_ctx_new_output(ctx);
+    if (!out) return NULL;
+    tg_bcast3 bc;
+    tg__bcast3_desc(ctx->out_spec, 2, in, &bc);
+    TG_KERNEL(tg_masked_fill_fn, TG_K_MASKED_FILL, out)(&bc, tg__tensor_ptr(in[0]),
+                                                        tg__tensor_ptr(in[1]), in[1]->dtype,
+                                                        ctx->attrs->scalar, tg__tensor_ptr(out));
+    return out;
+}
+
+static tg_status masked_fill_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    if (tg_op_ctx_needs_grad(ctx, 0)) {
+        gin[0] = tg__unbroadcast(tg_masked_fill(g, tg_op_ctx_input(ctx, 1), 0.0),
+                                     tg_op_ctx_input_spec(ctx, 0));
+        if (!gin[0]) return tg_last_error();
+    }
+    return cond_grad(ctx, 1, gin);
+}
+
+static int masked_fill_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const struct { int n[2]; int64_t s[2][3]; bool fmask; } c[] = {
+        {{2, 2}, {{3, 4}, {3, 4}}, false},
+        {{2, 1}, {{3, 4}, {4}}, false},
+        {{2, 3}, {{3, 1}, {2, 3, 4}}, false},
+        {{1, 1}, {{5}, {5}}, true},
+    };
+    if (k >= 4) return 0;
+    a->scalar = k == 1 ? -7.5 : 3.25;
+    in[0] = tg__sample_uniform(rng, c[k].n[0], c[k].s[0], -2.0, 2.0);
+    in[1] = sample_cond(rng, c[k].n[1], c[k].s[1], c[k].fmask);
+    return (in[0] && in[1]) ? 2 : -1;
+}
+
+const tg_op tg__op_masked_fill = {
+    .name = "masked_fill", .doc = "y = mask != 0 ? value : x (broadcasting)", .arity = 2,
+    .shape = masked_fill_shape, .forward = masked_fill_fwd, .backward = masked_fill_bwd,
+    .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(1), .sample = masked_fill_sample,
+};
+
+
 /* ---- public wrappers */
 
 /* Checks the whole list up front, so messages name the list position,
  * then joins neighbours pairwise until one tensor is left. */
-tg_tensor *tg_concat(int n, tg_tensor *const *xs, int dim)
-{
-    if (n < 1 || !xs) {
-        tg__err(TG_ERR_INVALID, "bad argument #1 to 'concat' (%d tensors; need at least 1)", n);
-        return NULL;
-    }
-    for (int i = 0; i < n; i++)
-        if (!xs[i]) {
-            tg__err_null("concat", 2);
-            return NULL;
-        }
-    const tg_tensor *x0 = xs[0];
-    int d;
-    if (need_dims(&tg__op_concat, x0) || tg__norm_dim(&tg__op_concat, 3, dim, x0->ndim, &d))
-        return NULL;
-    for (int i = 1; i < n; i++) {
-        const tg_tensor *x = xs[i];
-        bool ok = x->ndim == x0->ndim;
-        for (int j = 0; ok && j < x0->ndim; j++)
-            if (j != d && x->shape[j] != x0->shape[j]) ok = false;
-        char s1[96], s2[96];
-        if (x->dtype != x0->dtype) {
-            tg__err(TG_ERR_DTYPE, "bad argument #2 to 'concat' (tensor %d is %s, tensor 0 is %s)",
-                    i, tg_dtype_name(x->dtype), tg_dtype_name(x0->dtype));
-            return NULL;
-        }
-        if (!ok) {
-            tg__err(TG_ERR_SHAPE, "bad argument #2 to 'concat' (tensor %d has shape %s, tensor 0 "
-                                  "%s: all dims but %d must match)", i,
-                    tg_shape_str(x->ndim, x->shape, s1, sizeof s1),
-                    tg_shape_str(x0->ndim, x0->shape, s2, sizeof s2), d);
-            return NULL;
-        }
-    }
-    if (n == 1) return tg_contiguous(xs[0]);
-    tg_tensor **level = malloc((size_t)n * sizeof *level);
-    if (!level) {
-        tg__err(TG_ERR_NOMEM, "out of memory in 'concat'");
-        return NULL;
-    }
-    memcpy(level, xs, (size_t)n * sizeof *level);
-    tg_op_attrs a = {.nints = 1, .ints = {d}};
-    tg_scope_begin(); /* intermediates die here; only the result leaves */
-    int m = n;
-    while (m > 1) {
-        int k = 0;
-        for (int i = 0; i + 1 < m; i += 2) {
-            level[k] = tg__call2(&tg__op_concat, level[i], level[i + 1], &a);
-            if (!level[k]) {
-                m = 0;
-                break;
-            }
-            k++;
-        }
-        if (m == 0) break;
-        if (m % 2) level[k++] = level[m - 1];
-        m = k;
-    }
-    tg_tensor *y = m == 1 ? tg_scope_keep(level[0]) : NULL;
-    tg_scope_end();
-    free(level);
-    return tg__scope_track(y);
-}
-
-tg_tensor *tg_narrow(tg_tensor *x, int dim, int64_t start, int64_t length)
-{
-    tg_op_attrs a = {.nints = 3, .ints = {dim, start, length}};
-    return tg__call1(&tg__op_narrow, x, &a);
-}
-
 tg_tensor *tg_index_select(tg_tensor *x, int dim, tg_tensor *index)
 {
     tg_op_attrs a = {.nints = 1, .ints = {dim}};
@@ -598,4 +519,16 @@ tg_tensor *tg_gather(tg_tensor *x, int dim, tg_tensor *index)
 tg_tensor *tg_embedding(tg_tensor *weight, tg_tensor *ids)
 {
     return tg__call2(&tg__op_embedding, weight, ids, NULL);
+}
+
+tg_tensor *tg_where(tg_tensor *cond, tg_tensor *a, tg_tensor *b)
+{
+    tg_tensor *in[3] = {cond, a, b};
+    return tg_op_call(&tg__op_where, 3, in, NULL);
+}
+
+tg_tensor *tg_masked_fill(tg_tensor *x, tg_tensor *mask, double value)
+{
+    tg_op_attrs a = {.scalar = value};
+    return tg__call2(&tg__op_masked_fill, x, mask, &a);
 }

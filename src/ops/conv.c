@@ -17,7 +17,7 @@
  * x itself is the column matrix. */
 #include <string.h>
 
-#include "ops/sample.h"
+#include "ops/helpers.h"
 
 typedef struct conv_p {
     int64_t sh, sw, ph, pw, dh, dw, G;
@@ -407,10 +407,8 @@ tg_tensor *tg_conv2d(tg_tensor *x, tg_tensor *w, tg_tensor *bias, const tg_conv2
     tg_tensor *zeros = NULL;
     if (!bias) {
         int64_t O = w->ndim >= 1 ? w->shape[0] : 0;
-        tg__backend_init(); /* FILL may run before any op call */
-        zeros = tg__tensor_empty(x->dtype, 1, &O, x->backend);
+        zeros = tg__filled(x->dtype, 1, &O, x->backend, 0.0);
         if (!zeros) return NULL;
-        TG_KERNEL(tg_fill_fn, TG_K_FILL, zeros)(O, tg__tensor_ptr(zeros), 0.0);
         bias = zeros;
     }
     tg_tensor *in[3] = {x, w, bias};

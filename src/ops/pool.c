@@ -12,7 +12,7 @@
  * extra slot 0 and nothing else; avg_pool2d saves nothing. */
 #include <string.h>
 
-#include "ops/sample.h"
+#include "ops/helpers.h"
 
 static tg_pool2d_geom pool_geom(const tg_op_attrs *a, int64_t N, int64_t C, int64_t H, int64_t W)
 {

@@ -1,13 +1,8 @@
-/* Neural-network ops: softmax and log_softmax along a dim (attrs.ints[0]),
+/* Softmax and losses: softmax and log_softmax along a dim (attrs.ints[0]),
  * the fused cross-entropy over i64 class targets, and the MSE loss. */
 #include <string.h>
 
-#include "ops/sample.h"
-
-static int dim_of(const tg_op_attrs *a, int ndim)
-{
-    return ndim == 0 ? 0 : (int)(a->ints[0] < 0 ? a->ints[0] + ndim : a->ints[0]);
-}
+#include "ops/helpers.h"
 
 static tg_status softmax_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
                                tg_spec *out)
@@ -22,7 +17,7 @@ static tg_status softmax_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor 
 static tg_tensor *dim_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid)
 {
     int64_t outer, n, inner;
-    tg__split_dim(in[0]->ndim, in[0]->shape, dim_of(ctx->attrs, in[0]->ndim), &outer, &n, &inner);
+    tg__split_dim(in[0]->ndim, in[0]->shape, tg__dim_attr(ctx->attrs, in[0]->ndim), &outer, &n, &inner);
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     if (!y) return NULL;
     TG_KERNEL(tg_dim_fn, kid, in[0])(outer, n, inner, tg__tensor_ptr(in[0]), tg__tensor_ptr(y));
@@ -44,7 +39,7 @@ static tg_status dim_grad_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor
 static tg_tensor *dim_grad_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid)
 {
     int64_t outer, n, inner;
-    tg__split_dim(in[0]->ndim, in[0]->shape, dim_of(ctx->attrs, in[0]->ndim), &outer, &n, &inner);
+    tg__split_dim(in[0]->ndim, in[0]->shape, tg__dim_attr(ctx->attrs, in[0]->ndim), &outer, &n, &inner);
     tg_tensor *gx = tg_op_ctx_new_output(ctx);
     if (!gx) return NULL;
     TG_KERNEL(tg_dim_grad_fn, kid, in[0])(outer, n, inner, tg__tensor_ptr(in[0]),

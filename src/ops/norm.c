@@ -26,17 +26,7 @@
  * built from recorded tg_* ops, so x, w and b get gradients there too. */
 #include <string.h>
 
-#include "ops/sample.h"
-
-/* Stand-in for an absent weight or bias, on like's backend. Wrappers may
- * run before any op call, so the kernel table is made ready here. */
-static tg_tensor *filled(const tg_tensor *like, int ndim, const int64_t *shape, double v)
-{
-    tg__backend_init();
-    tg_tensor *t = tg__tensor_empty(like->dtype, ndim, shape, like->backend);
-    if (t) TG_KERNEL(tg_fill_fn, TG_K_FILL, t)(t->numel, tg__tensor_ptr(t), v);
-    return t;
-}
+#include "ops/helpers.h"
 
 static double value_at(const tg_tensor *t, int64_t i)
 {
@@ -275,8 +265,8 @@ tg_tensor *tg_layer_norm(tg_tensor *x, int ndims, tg_tensor *weight, tg_tensor *
     tg_op_attrs a = {.nints = 1, .ints = {ndims}, .scalar = eps};
     if (ln_need_k(&tg__op_layer_norm, &a, x)) return NULL;
     const int64_t *tail = x->shape + x->ndim - ndims;
-    tg_tensor *ones = weight ? NULL : filled(x, ndims, tail, 1.0);
-    tg_tensor *zeros = bias ? NULL : filled(x, ndims, tail, 0.0);
+    tg_tensor *ones = weight ? NULL : tg__filled(x->dtype, ndims, tail, x->backend, 1.0);
+    tg_tensor *zeros = bias ? NULL : tg__filled(x->dtype, ndims, tail, x->backend, 0.0);
     tg_tensor *y = NULL;
     if ((weight || ones) && (bias || zeros)) {
         tg_tensor *in[3] = {x, weight ? weight : ones, bias ? bias : zeros};
@@ -527,8 +517,8 @@ static tg_tensor *bn_train(tg_tensor *x, tg_tensor *w, tg_tensor *b, tg_tensor *
                            tg_tensor *rv, double momentum, double eps)
 {
     int64_t C = x->shape[1], sc[2] = {2, C};
-    tg_tensor *ones = w ? NULL : filled(x, 1, &C, 1.0);
-    tg_tensor *zeros = b ? NULL : filled(x, 1, &C, 0.0);
+    tg_tensor *ones = w ? NULL : tg__filled(x->dtype, 1, &C, x->backend, 1.0);
+    tg_tensor *zeros = b ? NULL : tg__filled(x->dtype, 1, &C, x->backend, 0.0);
     /* Row 0: biased batch variances (from the forward); row 1: means. */
     tg_tensor *buf = tg__tensor_empty(TG_F64, 2, sc, x->backend);
     tg_tensor *y = NULL;
