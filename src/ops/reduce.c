@@ -173,12 +173,13 @@ static tg_status max_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *con
     return dim_shape(op, a, in[0], &dim, out, in[0]->dtype);
 }
 
-static tg_tensor *max_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+/* max_dim / min_dim forward: the values, and the first arg-extremum's
+ * index kept for backward (extra slot 0). */
+static tg_tensor *dim_select_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid)
 {
     tg_tensor *x = in[0];
-    int dim = (int)(ctx->attrs->ints[0] < 0 ? ctx->attrs->ints[0] + x->ndim : ctx->attrs->ints[0]);
     int64_t outer, n, inner;
-    tg__split_dim(x->ndim, x->shape, dim, &outer, &n, &inner);
+    tg__split_dim(x->ndim, x->shape, tg__dim_attr(ctx->attrs, x->ndim), &outer, &n, &inner);
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     tg_tensor *idx = y ? tg__tensor_empty(TG_I64, ctx->out_spec->ndim, ctx->out_spec->shape,
                                           x->backend) : NULL;
@@ -186,11 +187,16 @@ static tg_tensor *max_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         tg_tensor_release(y);
         return NULL;
     }
-    TG_KERNEL(tg_dim_max_fn, TG_K_MAX_DIM, x)(outer, n, inner, tg__tensor_ptr(x),
-                                              tg__tensor_ptr(y), tg__tensor_ptr(idx));
+    TG_KERNEL(tg_dim_max_fn, kid, x)(outer, n, inner, tg__tensor_ptr(x), tg__tensor_ptr(y),
+                                     tg__tensor_ptr(idx));
     if (ctx->needs) tg_op_ctx_save(ctx, idx);
     tg_tensor_release(idx);
     return y;
+}
+
+static tg_tensor *max_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return dim_select_fwd(ctx, in, TG_K_MAX_DIM);
 }
 
 /* max_dim_backward(idx, gy): scatter gy to the argmax positions.
@@ -315,21 +321,7 @@ static tg_status min_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *con
 
 static tg_tensor *min_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
-    tg_tensor *x = in[0];
-    int64_t outer, n, inner;
-    tg__split_dim(x->ndim, x->shape, tg__dim_attr(ctx->attrs, x->ndim), &outer, &n, &inner);
-    tg_tensor *y = tg_op_ctx_new_output(ctx);
-    tg_tensor *idx = y ? tg__tensor_empty(TG_I64, ctx->out_spec->ndim, ctx->out_spec->shape,
-                                          x->backend) : NULL;
-    if (!idx) {
-        tg_tensor_release(y);
-        return NULL;
-    }
-    TG_KERNEL(tg_dim_max_fn, TG_K_MIN_DIM, x)(outer, n, inner, tg__tensor_ptr(x),
-                                              tg__tensor_ptr(y), tg__tensor_ptr(idx));
-    if (ctx->needs) tg_op_ctx_save(ctx, idx);
-    tg_tensor_release(idx);
-    return y;
+    return dim_select_fwd(ctx, in, TG_K_MIN_DIM);
 }
 
 const tg_op tg__op_min_dim = {
