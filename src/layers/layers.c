@@ -72,6 +72,21 @@ struct tg_linear {
     tg_tensor *w, *b;
 };
 
+/* "<name>.weight" of wshape (out = wshape[0]) and, if bias, "<name>.bias"
+ * of (out), both uniform in [-k, k), drawn in that order. */
+static bool weight_and_bias(tg_params *ps, const char *name, tg_dtype dtype, int ndim,
+                            const int64_t *wshape, bool bias, tg_rng *rng, double k,
+                            tg_tensor **w, tg_tensor **b)
+{
+    *w = add(ps, name, "weight", dtype, ndim, wshape, false);
+    bool ok = uniform(*w, rng, k);
+    if (ok && bias) {
+        *b = add(ps, name, "bias", dtype, 1, &wshape[0], false);
+        ok = uniform(*b, rng, k);
+    }
+    return ok;
+}
+
 tg_linear *tg_linear_new(tg_params *ps, const char *name, int64_t in, int64_t out, bool bias,
                          tg_dtype dtype, tg_rng *rng)
 {
@@ -79,13 +94,7 @@ tg_linear *tg_linear_new(tg_params *ps, const char *name, int64_t in, int64_t ou
     tg_linear *l = layer_alloc(sizeof *l);
     if (!l) return NULL;
     double k = 1.0 / sqrt((double)in);
-    l->w = add(ps, name, "weight", dtype, 2, (int64_t[]){out, in}, false);
-    bool ok = uniform(l->w, rng, k);
-    if (ok && bias) {
-        l->b = add(ps, name, "bias", dtype, 1, &out, false);
-        ok = uniform(l->b, rng, k);
-    }
-    if (!ok) {
+    if (!weight_and_bias(ps, name, dtype, 2, (int64_t[]){out, in}, bias, rng, k, &l->w, &l->b)) {
         free(l);
         return NULL;
     }
@@ -143,13 +152,8 @@ tg_conv2d_layer *tg_conv2d_layer_new(tg_params *ps, const char *name, int64_t in
     if (!l) return NULL;
     l->opts = o;
     double k = 1.0 / sqrt((double)(in / groups * kh * kw));
-    l->w = add(ps, name, "weight", dtype, 4, (int64_t[]){out, in / groups, kh, kw}, false);
-    bool ok = uniform(l->w, rng, k);
-    if (ok && bias) {
-        l->b = add(ps, name, "bias", dtype, 1, &out, false);
-        ok = uniform(l->b, rng, k);
-    }
-    if (!ok) {
+    if (!weight_and_bias(ps, name, dtype, 4, (int64_t[]){out, in / groups, kh, kw}, bias, rng, k,
+                         &l->w, &l->b)) {
         free(l);
         return NULL;
     }
