@@ -17,7 +17,8 @@ typedef enum tg_checkpoint_policy {
     TG_CHECKPOINT_BUDGET    /* keep saved bytes <= budget_bytes, recomputing */
 } tg_checkpoint_policy;
 
-/* Options passed by value; a zeroed struct gives the defaults. */
+/* Tape options (tg_tape_new takes a pointer to them, NULL for the defaults);
+ * a zeroed struct gives the defaults. */
 typedef struct tg_tape_opts {
     tg_checkpoint_policy policy;
     size_t budget_bytes; /* TG_CHECKPOINT_BUDGET only */

@@ -126,7 +126,8 @@ void tg_mem_reset_peak(void);
 void tg_mem_trim(void);
 /* "jemalloc" or "malloc": the allocator tensor storage goes through. */
 const char *tg_mem_allocator(void);
-/* The vector instruction set the cpu backend's f32 exp/tanh/sigmoid loops
+/* The vector instruction set the cpu backend's f32 exp/tanh/sigmoid and
+ * cross-entropy loops
  * run with: "avx512", "avx2" or "baseline" (the compiler's default for the
  * target), the widest the CPU supports unless the environment variable
  * TAPEGRAD_VMATH=avx2|baseline (read once, when the kernel table is built)
