@@ -1,4 +1,4 @@
-/* cpu backend: overrides for the ext op family (see backend/kernels_ext.h).
+/* cpu backend: overrides for the ext op family (see backend/kernels.h).
  * Everything else runs ref's entries (copied into cpu's table first). Only
  * minimum/maximum are overridden: ref walks every broadcast with a carry
  * per dim, while the equal-shape and scalar cases are unit-stride loops the

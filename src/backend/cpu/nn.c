@@ -1,4 +1,4 @@
-/* cpu backend: overrides for the nn op family (see backend/kernels_nn.h).
+/* cpu backend: overrides for the nn op family (see backend/kernels.h).
  * Only what profiling showed to pay: im2col/col2im, which the ref kernels
  * do with a bounds test per element, here work on the in-bounds run of each
  * row (a memcpy at stride 1), and the per-channel sum for bias gradients,

@@ -1,4 +1,4 @@
-/* ref backend: kernels of the ext op family (see backend/kernels_ext.h),
+/* ref backend: kernels of the ext op family (see backend/kernels.h),
  * plain loops written for clarity; the cpu backend is tested against them.
  * Dim reductions accumulate in double for both float types. */
 #include <math.h>

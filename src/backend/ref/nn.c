@@ -1,4 +1,4 @@
-/* ref backend: kernels of the nn op family (see backend/kernels_nn.h):
+/* ref backend: kernels of the nn op family (see backend/kernels.h):
  * im2col/col2im for convolution, max/avg pooling, layer and batch norm.
  * Plain loops; statistics and sums accumulate in double for both float
  * types, so this stays the oracle for any faster kernel. */
