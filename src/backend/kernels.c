@@ -43,14 +43,29 @@ static void (*const ref_register[])(void) = {
 #undef TG__ENTRY
 };
 
+/* cpu's list, run after cpu's entries are copied from ref's: each
+ * tg__cpu_<domain>_register overrides the entries it speeds up (reading
+ * ref's entry first where it falls back to it) and calls nothing else. No
+ * two set the same entry. vmath.c holds the f32 exp/tanh/sigmoid and the
+ * f32 cross-entropy (they share its vector exp core). */
+#define TG_CPU_DOMAINS(X) X(matmul) X(elementwise) X(reduce) X(vmath) X(binary) X(conv)
+
+#define TG__DECL(dom) TG_INTERNAL void tg__cpu_##dom##_register(void);
+TG_CPU_DOMAINS(TG__DECL)
+#undef TG__DECL
+
+static void (*const cpu_register[])(void) = {
+#define TG__ENTRY(dom) tg__cpu_##dom##_register,
+    TG_CPU_DOMAINS(TG__ENTRY)
+#undef TG__ENTRY
+};
+
 static void init(void)
 {
     for (size_t i = 0; i < sizeof ref_register / sizeof ref_register[0]; i++) ref_register[i]();
     for (int k = 0; k < TG_KERNEL_COUNT; k++)
         for (int d = 0; d < TG_DTYPE_COUNT; d++) table[k][TG_BACKEND_CPU][d] = table[k][TG_BACKEND_REF][d];
-    tg__backend_cpu_register();
-    tg__cpu_ext_register();
-    tg__cpu_nn_register();
+    for (size_t i = 0; i < sizeof cpu_register / sizeof cpu_register[0]; i++) cpu_register[i]();
     tg__pool_default_size(tg__blas_threads());
 }
 

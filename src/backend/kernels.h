@@ -294,10 +294,6 @@ TG_INTERNAL tg_kernel_fn tg__kernel(tg_kernel_id id, tg_backend backend, tg_dtyp
 TG_INTERNAL void tg__kernel_set(tg_kernel_id id, tg_backend backend, tg_dtype dtype,
                                 tg_kernel_fn fn);
 TG_INTERNAL const char *tg__kernel_name(tg_kernel_id id);
-/* Registration of cpu (called once, after ref's list in kernels.c). */
-TG_INTERNAL void tg__backend_cpu_register(void);
-TG_INTERNAL void tg__cpu_ext_register(void);
-TG_INTERNAL void tg__cpu_nn_register(void);
 /* Fills the table once (pthread_once): every ref domain's registration,
  * then cpu's entries copied from ref's, then every cpu domain's overrides
  * (the two lists in kernels.c). The only caller of the register functions;

@@ -1,4 +1,4 @@
-/* cpu backend: overrides for the nn op family (see backend/kernels.h).
+/* cpu backend: conv overrides (see backend/kernels.h).
  * Only what profiling showed to pay: im2col/col2im, which the ref kernels
  * do with a bounds test per element, here work on the in-bounds run of each
  * row (a memcpy at stride 1), and the per-channel sum for bias gradients,
@@ -92,7 +92,7 @@ static void valid_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int
 DEF_CPU_NN(f32, float)
 DEF_CPU_NN(f64, double)
 
-void tg__cpu_nn_register(void)
+void tg__cpu_conv_register(void)
 {
 #define SET(KID, fn)                                                               \
     tg__kernel_set(TG_K_##KID, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)fn##_f32);    \
