@@ -24,16 +24,48 @@ void tg__kernel_set(tg_kernel_id id, tg_backend backend, tg_dtype dtype, tg_kern
     table[id][backend][dtype] = fn;
 }
 
+/* ref's registration list: every domain file of backend/ref/ exposes one
+ * tg__ref_<domain>_register that sets its (kernel, dtype) entries and
+ * calls nothing else. Together they fill every entry any op looks up; no
+ * two of them set the same entry, so their order is free. A new domain
+ * file adds its name here. */
+#define TG_REF_DOMAINS(X)                                                          \
+    X(unary) X(binary) X(reduce) X(softmax_loss) X(shape) X(index) X(random)       \
+    X(matmul) X(conv) X(pool) X(norm)
+
+#define TG__DECL(dom) TG_INTERNAL void tg__ref_##dom##_register(void);
+TG_REF_DOMAINS(TG__DECL)
+#undef TG__DECL
+
+static void (*const ref_register[])(void) = {
+#define TG__ENTRY(dom) tg__ref_##dom##_register,
+    TG_REF_DOMAINS(TG__ENTRY)
+#undef TG__ENTRY
+};
+
+/* cpu's list, run after cpu's entries are copied from ref's: each
+ * tg__cpu_<domain>_register overrides the entries it speeds up (reading
+ * ref's entry first where it falls back to it) and calls nothing else. No
+ * two set the same entry. vmath.c holds the f32 exp/tanh/sigmoid and the
+ * f32 cross-entropy (they share its vector exp core). */
+#define TG_CPU_DOMAINS(X) X(matmul) X(elementwise) X(reduce) X(vmath) X(binary) X(conv)
+
+#define TG__DECL(dom) TG_INTERNAL void tg__cpu_##dom##_register(void);
+TG_CPU_DOMAINS(TG__DECL)
+#undef TG__DECL
+
+static void (*const cpu_register[])(void) = {
+#define TG__ENTRY(dom) tg__cpu_##dom##_register,
+    TG_CPU_DOMAINS(TG__ENTRY)
+#undef TG__ENTRY
+};
+
 static void init(void)
 {
-    tg__backend_ref_register();
-    tg__ref_ext_register();
-    tg__ref_nn_register();
+    for (size_t i = 0; i < sizeof ref_register / sizeof ref_register[0]; i++) ref_register[i]();
     for (int k = 0; k < TG_KERNEL_COUNT; k++)
         for (int d = 0; d < TG_DTYPE_COUNT; d++) table[k][TG_BACKEND_CPU][d] = table[k][TG_BACKEND_REF][d];
-    tg__backend_cpu_register();
-    tg__cpu_ext_register();
-    tg__cpu_nn_register();
+    for (size_t i = 0; i < sizeof cpu_register / sizeof cpu_register[0]; i++) cpu_register[i]();
     tg__pool_default_size(tg__blas_threads());
 }
 

@@ -1,6 +1,6 @@
-/* cpu backend: overrides for the ext op family (see backend/kernels_ext.h).
- * Everything else runs ref's entries (copied into cpu's table first). Only
- * minimum/maximum are overridden: ref walks every broadcast with a carry
+/* cpu backend: minimum/maximum overrides (add/sub/mul/div are in
+ * elementwise.c). Everything else runs ref's entries (copied into cpu's
+ * table first). Why these: ref walks every broadcast with a carry
  * per dim, while the equal-shape and scalar cases are unit-stride loops the
  * compiler vectorizes (relu-like max(x, 0) clamps are common). */
 #include "backend/kernels.h"
@@ -34,7 +34,7 @@ DEF_MINMAX(maximum_f32, 1, float, TG_F32, >=)
 DEF_MINMAX(minimum_f64, 0, double, TG_F64, <=)
 DEF_MINMAX(maximum_f64, 1, double, TG_F64, >=)
 
-void tg__cpu_ext_register(void)
+void tg__cpu_binary_register(void)
 {
     const tg_backend C = TG_BACKEND_CPU;
     for (int d = 0; d < 2; d++) {

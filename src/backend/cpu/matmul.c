@@ -40,15 +40,8 @@ void tg__blas_set_threads(int n)
 #endif
 }
 
-TG_INTERNAL void tg__cpu_elementwise_register(void);
-TG_INTERNAL void tg__cpu_reduce_register(void);
-TG_INTERNAL void tg__cpu_vmath_register(void);
-
-void tg__backend_cpu_register(void)
+void tg__cpu_matmul_register(void)
 {
     tg__kernel_set(TG_K_GEMM, TG_BACKEND_CPU, TG_F32, (tg_kernel_fn)gemm_f32);
     tg__kernel_set(TG_K_GEMM, TG_BACKEND_CPU, TG_F64, (tg_kernel_fn)gemm_f64);
-    tg__cpu_elementwise_register();
-    tg__cpu_reduce_register();
-    tg__cpu_vmath_register();
 }

@@ -24,7 +24,7 @@
 DEF_GEMM(f32, float)
 DEF_GEMM(f64, double)
 
-void tg__ref_gemm_register(void)
+void tg__ref_matmul_register(void)
 {
     tg__kernel_set(TG_K_GEMM, TG_BACKEND_REF, TG_F32, (tg_kernel_fn)gemm_f32);
     tg__kernel_set(TG_K_GEMM, TG_BACKEND_REF, TG_F64, (tg_kernel_fn)gemm_f64);
