@@ -1,5 +1,5 @@
 /* common.c - what every benchmark shares: the clock, statistics, the
- * environment header, raw sgemm and error formatting. */
+ * environment header, raw sgemm, error formatting and lean stages. */
 #include <cblas.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -78,6 +78,32 @@ float *bench_copy_f32(tg_tensor *t)
         return NULL;
     }
     return p;
+}
+
+/* ---- lean stages */
+
+/* A stage in its own scope: its intermediates die at its end, the caller
+ * owns its output, and its input dies here unless it is the workload's
+ * (a stage's input is the previous stage's output, owned by us). */
+static tg_tensor *lean_stage(void *ud, int i, tg_tensor *h)
+{
+    bench_lean *l = ud;
+    tg_scope_begin();
+    tg_tensor *out = tg_scope_keep(l->fn(l->ud, i, h));
+    tg_scope_end();
+    if (h != l->x) tg_tensor_release(h);
+    return out;
+}
+
+tg_tensor *bench_lean_stages(bench_lean *l, tg_tape *tape, bool segments, int n, tg_segment_fn fn,
+                             void *ud, tg_tensor *x)
+{
+    *l = (bench_lean){.fn = fn, .ud = ud, .x = x};
+    if (segments) return tg_checkpoint_sequential(tape, n, 0, lean_stage, l, x);
+    tg_tensor *h = x;
+    for (int i = 0; i < n && h; i++)
+        h = lean_stage(l, i, h);
+    return h;
 }
 
 /* ---- environment */

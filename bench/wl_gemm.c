@@ -1,5 +1,5 @@
-/* wl_gemm.c - the workloads whose time should be their GEMMs: mlp and
- * deep (stacks of Linear + ReLU) and conv (conv2d, then a linear layer).
+/* wl_gemm.c - the workloads whose time should be their GEMMs: mlp, deep
+ * and wide (stacks of Linear + ReLU) and conv (conv2d, then a linear layer).
  * Each also runs the same GEMMs with raw cblas_sgemm, shaped as
  * tg_linear calls them (x W^T with W (out, in)), so the suite can time
  * the two side by side; the plain-C forward around those GEMMs is the
@@ -49,6 +49,7 @@ typedef struct {
     int64_t *labels;
     /* Raw buffers for the reference and the cblas GEMMs. */
     float *X, *W[MAX_LAYERS], *Z[MAX_LAYERS], *dZ[MAX_LAYERS], *dH[MAX_LAYERS], *dW[MAX_LAYERS];
+    bench_lean lean;
 } stack_st;
 
 static bool stack_relu(const stack_st *s, int l)
@@ -154,6 +155,14 @@ static tg_tensor *stack_forward(void *p, tg_tape *tape, bool segments)
     return s->ce ? tg_cross_entropy(h, s->y) : tg_mean(h);
 }
 
+static tg_tensor *stack_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
+{
+    stack_st *s = p;
+    tg_tensor *h = bench_lean_stages(&s->lean, tape, segments, s->nl, stack_layer, s, s->x);
+    *owned = h;
+    return s->ce ? tg_cross_entropy(h, s->y) : tg_mean(h);
+}
+
 /* The stack's GEMMs, as tg_linear makes them: Z[l] = A W[l]^T forward;
  * dW[l] = dZ[l]^T A and, above the first layer (whose input needs no
  * gradient), dA = dZ[l] W[l], backward. A is X or the previous Z (the
@@ -214,13 +223,89 @@ static int stack_reference(void *p, double *loss, char *err, size_t errlen)
     return 0;
 }
 
+/* max |a - b| / max |b| over n entries. */
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double e = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        e = fmax(e, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return e / fmax(m, 1e-30);
+}
+
+/* The gradients in plain C around cblas_sgemm, from stack_reference's
+ * activations: dZ of the loss (softmax - one-hot over B for cross-entropy,
+ * 1/(B C) for the mean), through each ReLU, dW = dZ^T A, db = the column
+ * sums of dZ, dA = dZ W; each weight's and bias's gradient compared. */
+static int stack_check_grad(void *p, double *rel, char *err, size_t errlen)
+{
+    stack_st *s = p;
+    const int *d = s->dims;
+    int B = s->batch, L = s->nl, C = d[L];
+    double loss;
+    if (stack_reference(s, &loss, err, errlen)) return -1;
+    float *dz = s->dZ[L - 1];
+    for (int i = 0; i < B; i++) {
+        const float *z = s->Z[L - 1] + (size_t)i * C;
+        double mx = z[0], sum = 0;
+        for (int j = 1; s->ce && j < C; j++)
+            mx = fmax(mx, z[j]);
+        for (int j = 0; s->ce && j < C; j++)
+            sum += exp(z[j] - mx);
+        for (int j = 0; j < C; j++)
+            dz[(size_t)i * C + j] = s->ce ? (float)((exp(z[j] - mx) / sum - (j == s->labels[i])) / B)
+                                          : (float)(1.0 / ((double)B * C));
+    }
+    *rel = 0;
+    const char *what = "";
+    int worst = 0;
+    for (int l = L - 1; l >= 0; l--) {
+        int in = d[l], out = d[l + 1];
+        size_t nz = (size_t)B * out;
+        if (stack_relu(s, l))
+            for (size_t i = 0; i < nz; i++)
+                if (!(s->Z[l][i] > 0)) s->dZ[l][i] = 0;
+        const float *a = l ? s->Z[l - 1] : s->X;
+        bench_sgemm(true, false, out, in, B, s->dZ[l], out, a, in, s->dW[l], in);
+        float *db = calloc((size_t)out, sizeof *db);
+        float *gw = bench_copy_f32(tg_grad(tg_linear_weight(s->l[l])));
+        float *gb = bench_copy_f32(tg_grad(tg_linear_bias(s->l[l])));
+        if (!db || !gw || !gb) {
+            free(db);
+            free(gw);
+            free(gb);
+            return bench_lib_fail(err, errlen, "stack gradient");
+        }
+        for (size_t i = 0; i < nz; i++)
+            db[i % (size_t)out] += s->dZ[l][i];
+        double ew = rel_err(gw, s->dW[l], (size_t)in * out), eb = rel_err(gb, db, (size_t)out);
+        if (ew > *rel || eb > *rel) {
+            *rel = fmax(ew, eb);
+            what = ew >= eb ? "weight" : "bias";
+            worst = l;
+        }
+        free(db);
+        free(gw);
+        free(gb);
+        if (!l) break;
+        bench_sgemm(false, false, B, in, out, s->dZ[l], out, s->W[l], in, s->dH[l], in);
+        memcpy(s->dZ[l - 1], s->dH[l], (size_t)B * in * sizeof(float));
+    }
+    if (!(*rel <= 1e-3))
+        return bench_fail(err, errlen,
+                          "fc%d.%s gradient disagrees with plain C: relative error %.3g",
+                          worst + 1, what, *rel);
+    return 0;
+}
+
 /* 2 m n k per GEMM. */
 
-static const int mlp_dims[4] = {784, 512, 512, 10};
+const int bench_mlp_dims[4] = {784, 512, 512, 10};
 
 static void *mlp_setup(char *err, size_t errlen)
 {
-    return stack_setup(3, mlp_dims, 128, true, false, 5, err, errlen);
+    return stack_setup(3, bench_mlp_dims, BENCH_MLP_BATCH, true, false, 5, err, errlen);
 }
 
 #define MLP_FWD (GEMM_FLOPS(128, 512, 784) + GEMM_FLOPS(128, 512, 512) + GEMM_FLOPS(128, 10, 512))
@@ -238,7 +323,9 @@ const bench_workload bench_wl_mlp = {
     .params = stack_params,
     .forward = stack_forward,
     .reference = stack_reference,
+    .check_grad = stack_check_grad,
     .gemm = stack_gemm,
+    .forward_lean = stack_forward_lean,
     .teardown = stack_teardown,
 };
 
@@ -268,7 +355,41 @@ const bench_workload bench_wl_deep = {
     .params = stack_params,
     .forward = stack_forward,
     .reference = stack_reference,
+    .check_grad = stack_check_grad,
     .gemm = stack_gemm,
+    .forward_lean = stack_forward_lean,
+    .teardown = stack_teardown,
+};
+
+/* wide: activations (2 MB each) outweigh the weights (256 KB). */
+#define WIDE_W 256
+#define WIDE_B 2048
+static const int wide_dims[DEEP_L + 1] = {WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W,
+                                          WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W,
+                                          WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W};
+
+static void *wide_setup(char *err, size_t errlen)
+{
+    return stack_setup(DEEP_L, wide_dims, WIDE_B, false, true, 9, err, errlen);
+}
+
+#define WIDE_ONE GEMM_FLOPS(WIDE_B, WIDE_W, WIDE_W)
+
+const bench_workload bench_wl_wide = {
+    .name = "wide",
+    .desc = "16 x (Linear 256 + ReLU), batch 2048, He init, mean of the output",
+    .sequential = true,
+    .check_tol = 1e-4,
+    .gemm_desc = "16 forward, 16 dW, 15 dX",
+    .gemm_flops_fwd = DEEP_L * WIDE_ONE,
+    .gemm_flops_all = (3 * DEEP_L - 1) * WIDE_ONE,
+    .setup = wide_setup,
+    .params = stack_params,
+    .forward = stack_forward,
+    .reference = stack_reference,
+    .check_grad = stack_check_grad,
+    .gemm = stack_gemm,
+    .forward_lean = stack_forward_lean,
     .teardown = stack_teardown,
 };
 
