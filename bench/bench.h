@@ -96,12 +96,14 @@ typedef struct bench_lean {
 tg_tensor *bench_lean_stages(bench_lean *l, tg_tape *tape, bool segments, int n, tg_segment_fn fn,
                              void *ud, tg_tensor *x);
 
-/* ---- core.c: the two core figures of the first benchmark issue. */
+/* ---- core.c: the two core figures of the first benchmark issue, on the
+ * chain and mlp workloads. */
 typedef struct bench_opts {
     bool quick; /* fewer and shorter runs (a smoke run, not a measurement) */
 } bench_opts;
 
-/* (a) Per-op overhead: a chain of `ops` tg_tanh on a 1-element f32 leaf. */
+/* (a) Per-op overhead: a chain of `ops` tg_tanh on a 1-element f32
+ * parameter (the chain workload). */
 typedef struct bench_chain_result {
     int ops;               /* chain length (100) */
     int runs;              /* timed runs the medians are taken over */
@@ -110,11 +112,11 @@ typedef struct bench_chain_result {
     double plain_ns;       /* plain C tanhf + derivative, per op */
     double ratio_vs_plain; /* fwd_bwd_ns / plain_ns */
     double ratio_vs_fwd;   /* fwd_bwd_ns / fwd_only_ns */
-    double check_err;      /* |grad_tapegrad - grad_plain| checked before timing */
+    double check_err;      /* worst relative error of value and gradient vs plain C */
 } bench_chain_result;
 
-/* (b) 784-512-512-10 ReLU MLP, batch 128, f32, cpu backend, cross-entropy,
- * weights (in, out) as plain leaves. */
+/* (b) 784-512-512-10 ReLU MLP, batch 128, f32, cpu backend, cross-entropy:
+ * the mlp workload (tg_linear layers) against its raw GEMMs. */
 typedef struct bench_mlp_result {
     int batch, in, hidden, classes;
     int runs;                     /* timed runs per variant (interleaved) */
@@ -122,12 +124,12 @@ typedef struct bench_mlp_result {
     double flops_total;           /* 3 forward + 3 dW + 2 dX GEMMs */
     double tg_step_ms;            /* tapegrad forward + backward (+ reset), median */
     double tg_fwd_ms;             /* tapegrad forward only (recording), median */
-    double raw_step_ms;           /* the same 8 cblas_sgemm calls, median */
+    double raw_step_ms;           /* the same 8 GEMMs as cblas_sgemm calls, median */
     double raw_fwd_ms;            /* the 3 forward cblas_sgemm calls, median */
     double tg_gflops, raw_gflops; /* flops_total / step time */
     double ratio;                 /* tg_step_ms / raw_step_ms */
     double fwd_ratio;             /* tg_fwd_ms / raw_fwd_ms */
-    double check_err;             /* worst relative error vs the raw reference */
+    double check_err;             /* worst relative error (loss, gradients) vs plain C */
 } bench_mlp_result;
 
 /* 0 on success; otherwise -1 with a message in err (a result that
