@@ -55,6 +55,12 @@ float *bench_floats(size_t n, float scale);
 #define GEMM_FLOPS(m, n, k) (2.0 * (double)(m) * (double)(n) * (double)(k))
 /* Copies a contiguous f32 tensor into a new malloc'd buffer (NULL on error). */
 float *bench_copy_f32(tg_tensor *t);
+/* Mean softmax cross-entropy of logits z (n, c) against labels y, in
+ * double: the workloads' plain-C references. */
+double bench_ce_mean(const float *z, const int64_t *y, int n, int c);
+/* A workload's setup failure: err gets the library's last error, or "out
+ * of memory" when there is none; returns NULL. */
+void *bench_setup_failed(char *err, size_t errlen, const char *what);
 
 /* Where the figures were measured. Strings point into the struct or at
  * static/library storage; valid for the life of the process. */

@@ -1,6 +1,7 @@
 /* common.c - what every benchmark shares: the clock, statistics, the
  * environment header, raw sgemm, error formatting and lean stages. */
 #include <cblas.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,30 @@ float *bench_copy_f32(tg_tensor *t)
         return NULL;
     }
     return p;
+}
+
+double bench_ce_mean(const float *z, const int64_t *y, int n, int c)
+{
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        const float *r = z + (size_t)i * c;
+        double mx = r[0], s = 0;
+        for (int j = 1; j < c; j++)
+            mx = fmax(mx, r[j]);
+        for (int j = 0; j < c; j++)
+            s += exp(r[j] - mx);
+        total -= r[y[i]] - mx - log(s);
+    }
+    return total / n;
+}
+
+void *bench_setup_failed(char *err, size_t errlen, const char *what)
+{
+    if (tg_last_error())
+        bench_lib_fail(err, errlen, what);
+    else
+        bench_fail(err, errlen, "%s: out of memory", what);
+    return NULL;
 }
 
 /* ---- lean stages */

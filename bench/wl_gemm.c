@@ -13,35 +13,11 @@
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 #define MAX_LAYERS 16
 
-static double ce_mean(const float *z, const int64_t *y, int n, int c)
-{
-    double total = 0;
-    for (int i = 0; i < n; i++) {
-        const float *r = z + (size_t)i * c;
-        double mx = r[0], s = 0;
-        for (int j = 1; j < c; j++)
-            mx = fmax(mx, r[j]);
-        for (int j = 0; j < c; j++)
-            s += exp(r[j] - mx);
-        total -= r[y[i]] - mx - log(s);
-    }
-    return total / n;
-}
-
-static void *setup_failed(char *err, size_t errlen, const char *what)
-{
-    if (tg_last_error())
-        bench_lib_fail(err, errlen, what);
-    else
-        bench_fail(err, errlen, "%s: out of memory", what);
-    return NULL;
-}
-
 /* ---- Linear stacks: x -> [Linear, ReLU] x n (no ReLU after the last
  * layer when the loss is cross-entropy). */
 typedef struct {
     int nl, batch;
-    const int *dims; /* nl + 1 */
+    int dims[MAX_LAYERS + 1]; /* nl + 1 used */
     bool ce;         /* cross-entropy on labels; else mean of the output */
     tg_params *ps;
     tg_linear *l[MAX_LAYERS];
@@ -84,9 +60,9 @@ static void *stack_setup(int nl, const int *dims, int batch, bool ce, bool kaimi
 {
     stack_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "stack setup");
+    if (!s) return bench_setup_failed(err, errlen, "stack setup");
     s->nl = nl;
-    s->dims = dims;
+    memcpy(s->dims, dims, (size_t)(nl + 1) * sizeof *dims);
     s->batch = batch;
     s->ce = ce;
     tg_rng_seed(&rng, seed);
@@ -126,7 +102,7 @@ static void *stack_setup(int nl, const int *dims, int batch, bool ce, bool kaimi
     }
     if (!ok) {
         stack_teardown(s);
-        return setup_failed(err, errlen, "stack setup");
+        return bench_setup_failed(err, errlen, "stack setup");
     }
     return s;
 }
@@ -213,7 +189,7 @@ static int stack_reference(void *p, double *loss, char *err, size_t errlen)
     float *z = s->Z[s->nl - 1];
     int C = d[s->nl];
     if (s->ce) {
-        *loss = ce_mean(z, s->labels, B, C);
+        *loss = bench_ce_mean(z, s->labels, B, C);
     } else {
         double total = 0;
         for (size_t i = 0; i < (size_t)B * C; i++)
@@ -299,7 +275,11 @@ static int stack_check_grad(void *p, double *rel, char *err, size_t errlen)
     return 0;
 }
 
-/* 2 m n k per GEMM. */
+/* What every Linear stack's workload does. */
+#define STACK_FNS                                                                                  \
+    .params = stack_params, .forward = stack_forward, .reference = stack_reference,               \
+    .check_grad = stack_check_grad, .gemm = stack_gemm, .forward_lean = stack_forward_lean,       \
+    .teardown = stack_teardown
 
 const int bench_mlp_dims[4] = {784, 512, 512, 10};
 
@@ -308,6 +288,7 @@ static void *mlp_setup(char *err, size_t errlen)
     return stack_setup(3, bench_mlp_dims, BENCH_MLP_BATCH, true, false, 5, err, errlen);
 }
 
+/* 2 m n k per GEMM. */
 #define MLP_FWD (GEMM_FLOPS(128, 512, 784) + GEMM_FLOPS(128, 512, 512) + GEMM_FLOPS(128, 10, 512))
 
 const bench_workload bench_wl_mlp = {
@@ -320,28 +301,27 @@ const bench_workload bench_wl_mlp = {
     /* backward: every dW, and dX above the first layer */
     .gemm_flops_all = 2 * MLP_FWD + GEMM_FLOPS(128, 512, 512) + GEMM_FLOPS(128, 10, 512),
     .setup = mlp_setup,
-    .params = stack_params,
-    .forward = stack_forward,
-    .reference = stack_reference,
-    .check_grad = stack_check_grad,
-    .gemm = stack_gemm,
-    .forward_lean = stack_forward_lean,
-    .teardown = stack_teardown,
+    STACK_FNS,
 };
 
-#define DEEP_L 16
-#define DEEP_W 1024
-#define DEEP_B 256
-static const int deep_dims[DEEP_L + 1] = {DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W,
-                                          DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W,
-                                          DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W};
+/* deep and wide: 16 x (Linear W + ReLU), He init, the mean of the output
+ * as the loss. Forward GEMMs: one a layer; backward: a dW each and a dX
+ * above the first. */
+#define SQUARE_L 16
+#define SQUARE_ONE(b, w) GEMM_FLOPS(b, w, w)
+
+static void *square_setup(int width, int batch, uint64_t seed, char *err, size_t errlen)
+{
+    int dims[SQUARE_L + 1];
+    for (int l = 0; l <= SQUARE_L; l++)
+        dims[l] = width;
+    return stack_setup(SQUARE_L, dims, batch, false, true, seed, err, errlen);
+}
 
 static void *deep_setup(char *err, size_t errlen)
 {
-    return stack_setup(DEEP_L, deep_dims, DEEP_B, false, true, 6, err, errlen);
+    return square_setup(1024, 256, 6, err, errlen);
 }
-
-#define DEEP_ONE GEMM_FLOPS(DEEP_B, DEEP_W, DEEP_W)
 
 const bench_workload bench_wl_deep = {
     .name = "deep",
@@ -349,31 +329,17 @@ const bench_workload bench_wl_deep = {
     .sequential = true,
     .check_tol = 1e-4,
     .gemm_desc = "16 forward, 16 dW, 15 dX",
-    .gemm_flops_fwd = DEEP_L * DEEP_ONE,
-    .gemm_flops_all = (3 * DEEP_L - 1) * DEEP_ONE,
+    .gemm_flops_fwd = SQUARE_L * SQUARE_ONE(256, 1024),
+    .gemm_flops_all = (3 * SQUARE_L - 1) * SQUARE_ONE(256, 1024),
     .setup = deep_setup,
-    .params = stack_params,
-    .forward = stack_forward,
-    .reference = stack_reference,
-    .check_grad = stack_check_grad,
-    .gemm = stack_gemm,
-    .forward_lean = stack_forward_lean,
-    .teardown = stack_teardown,
+    STACK_FNS,
 };
 
 /* wide: activations (2 MB each) outweigh the weights (256 KB). */
-#define WIDE_W 256
-#define WIDE_B 2048
-static const int wide_dims[DEEP_L + 1] = {WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W,
-                                          WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W,
-                                          WIDE_W, WIDE_W, WIDE_W, WIDE_W, WIDE_W};
-
 static void *wide_setup(char *err, size_t errlen)
 {
-    return stack_setup(DEEP_L, wide_dims, WIDE_B, false, true, 9, err, errlen);
+    return square_setup(256, 2048, 9, err, errlen);
 }
-
-#define WIDE_ONE GEMM_FLOPS(WIDE_B, WIDE_W, WIDE_W)
 
 const bench_workload bench_wl_wide = {
     .name = "wide",
@@ -381,16 +347,10 @@ const bench_workload bench_wl_wide = {
     .sequential = true,
     .check_tol = 1e-4,
     .gemm_desc = "16 forward, 16 dW, 15 dX",
-    .gemm_flops_fwd = DEEP_L * WIDE_ONE,
-    .gemm_flops_all = (3 * DEEP_L - 1) * WIDE_ONE,
+    .gemm_flops_fwd = SQUARE_L * SQUARE_ONE(2048, 256),
+    .gemm_flops_all = (3 * SQUARE_L - 1) * SQUARE_ONE(2048, 256),
     .setup = wide_setup,
-    .params = stack_params,
-    .forward = stack_forward,
-    .reference = stack_reference,
-    .check_grad = stack_check_grad,
-    .gemm = stack_gemm,
-    .forward_lean = stack_forward_lean,
-    .teardown = stack_teardown,
+    STACK_FNS,
 };
 
 /* ---- conv: conv2d 1->16 3x3 (no padding) on 28x28, batch 64, ReLU, then
@@ -434,7 +394,7 @@ static void *conv_setup(char *err, size_t errlen)
 {
     conv_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "conv setup");
+    if (!s) return bench_setup_failed(err, errlen, "conv setup");
     tg_rng_seed(&rng, 7);
     s->ps = tg_params_new();
     s->conv =
@@ -453,7 +413,7 @@ static void *conv_setup(char *err, size_t errlen)
     s->dZ = bench_floats((size_t)CV_B * CV_K, 0.01f);
     if (!s->fc || !s->y || !s->X || !s->A || !s->dA || !s->Wf || !s->dWf || !s->Z || !s->dZ) {
         conv_teardown(s);
-        return setup_failed(err, errlen, "conv setup");
+        return bench_setup_failed(err, errlen, "conv setup");
     }
     return s;
 }
@@ -512,7 +472,7 @@ static int conv_reference(void *p, double *loss, char *err, size_t errlen)
     bench_sgemm(false, true, CV_B, CV_K, CV_F, s->A, CV_F, s->Wf, CV_F, s->Z, CV_K);
     for (int i = 0; i < CV_B * CV_K; i++)
         s->Z[i] += bf[i % CV_K];
-    *loss = ce_mean(s->Z, s->labels, CV_B, CV_K);
+    *loss = bench_ce_mean(s->Z, s->labels, CV_B, CV_K);
     return 0;
 }
 

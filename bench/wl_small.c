@@ -10,36 +10,11 @@
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
-/* Mean softmax cross-entropy of logits z (n, c) against labels y. */
-static double ce_mean(const float *z, const int64_t *y, int n, int c)
-{
-    double total = 0;
-    for (int i = 0; i < n; i++) {
-        const float *r = z + (size_t)i * c;
-        double mx = r[0], s = 0;
-        for (int j = 1; j < c; j++)
-            mx = fmax(mx, r[j]);
-        for (int j = 0; j < c; j++)
-            s += exp(r[j] - mx);
-        total -= r[y[i]] - mx - log(s);
-    }
-    return total / n;
-}
-
 /* A new parameter set plus the generator every workload seeds alike. */
 static tg_params *new_params(tg_rng *rng, uint64_t seed)
 {
     tg_rng_seed(rng, seed);
     return tg_params_new();
-}
-
-static void *setup_failed(char *err, size_t errlen, const char *what)
-{
-    if (tg_last_error())
-        bench_lib_fail(err, errlen, what);
-    else
-        bench_fail(err, errlen, "%s: out of memory", what);
-    return NULL;
 }
 
 /* ---- tiny: MLP 2-16-16-1, tanh, batch 1, MSE */
@@ -67,7 +42,7 @@ static void *tiny_setup(char *err, size_t errlen)
 {
     tiny_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "tiny setup");
+    if (!s) return bench_setup_failed(err, errlen, "tiny setup");
     s->ps = new_params(&rng, 1);
     bool ok = s->ps != NULL;
     static const char *const names[3] = {"fc1", "fc2", "fc3"};
@@ -82,7 +57,7 @@ static void *tiny_setup(char *err, size_t errlen)
     }
     if (!ok) {
         tiny_teardown(s);
-        return setup_failed(err, errlen, "tiny setup");
+        return bench_setup_failed(err, errlen, "tiny setup");
     }
     return s;
 }
@@ -164,12 +139,12 @@ static void chain_teardown(void *p)
 static void *chain_setup(char *err, size_t errlen)
 {
     chain_st *s = calloc(1, sizeof *s);
-    if (!s) return setup_failed(err, errlen, "chain setup");
+    if (!s) return bench_setup_failed(err, errlen, "chain setup");
     s->ps = tg_params_new();
     s->x = s->ps ? tg_params_add(s->ps, "x", TG_F32, 1, SHAPE(1)) : NULL;
     if (!s->x || tg_init_constant(s->x, 0.5)) {
         chain_teardown(s);
-        return setup_failed(err, errlen, "chain setup");
+        return bench_setup_failed(err, errlen, "chain setup");
     }
     return s;
 }
@@ -263,13 +238,13 @@ static void *elem_setup(char *err, size_t errlen)
 {
     elem_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "elementwise setup");
+    if (!s) return bench_setup_failed(err, errlen, "elementwise setup");
     s->ps = new_params(&rng, 3);
     s->x = s->ps ? tg_params_add(s->ps, "x", TG_F32, 1, SHAPE(ELEM_N)) : NULL;
     if (!s->x || tg_init_uniform(s->x, &rng, -2, 2)) {
         tg_params_free(s->ps);
         free(s);
-        return setup_failed(err, errlen, "elementwise setup");
+        return bench_setup_failed(err, errlen, "elementwise setup");
     }
     return s;
 }
@@ -430,7 +405,7 @@ static void *rnn_setup(char *err, size_t errlen)
 {
     rnn_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "rnn setup");
+    if (!s) return bench_setup_failed(err, errlen, "rnn setup");
     s->ps = new_params(&rng, 4);
     s->cell = s->ps ? tg_rnn_cell_new(s->ps, "rnn", RNN_V, RNN_H, TG_F32, &rng) : NULL;
     s->out = s->cell ? tg_linear_new(s->ps, "out", RNN_H, RNN_V, true, TG_F32, &rng) : NULL;
@@ -463,7 +438,7 @@ static void *rnn_setup(char *err, size_t errlen)
          s->dWhh && s->dWo;
     if (!ok) {
         rnn_teardown(s);
-        return setup_failed(err, errlen, "rnn setup");
+        return bench_setup_failed(err, errlen, "rnn setup");
     }
     return s;
 }
@@ -549,7 +524,7 @@ static int rnn_reference(void *p, double *loss, char *err, size_t errlen)
         for (int b = 0; b < RNN_B; b++)
             for (int j = 0; j < RNN_V; j++)
                 z[b * RNN_V + j] += bo[j];
-        total += ce_mean(z, s->tok[t + 1], RNN_B, RNN_V);
+        total += bench_ce_mean(z, s->tok[t + 1], RNN_B, RNN_V);
     }
     *loss = total / RNN_T;
 out:
@@ -618,7 +593,7 @@ static void *lstm_setup(char *err, size_t errlen)
 {
     lstm_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "lstm setup");
+    if (!s) return bench_setup_failed(err, errlen, "lstm setup");
     s->ps = new_params(&rng, 8);
     s->cell = s->ps ? tg_lstm_cell_new(s->ps, "lstm", LSTM_I, LSTM_H, TG_F32, &rng) : NULL;
     bool ok = s->cell != NULL;
@@ -627,7 +602,7 @@ static void *lstm_setup(char *err, size_t errlen)
     if (ok) ok = (s->hc0 = tg_zeros(TG_F32, 2, SHAPE(LSTM_B, 2 * LSTM_H))) != NULL;
     if (!ok) {
         lstm_teardown(s);
-        return setup_failed(err, errlen, "lstm setup");
+        return bench_setup_failed(err, errlen, "lstm setup");
     }
     return s;
 }
