@@ -1,4 +1,8 @@
-/* suite.c - runs one workload the same way for all of them:
+/* suite.c - the measurement every bench program shares: sessions (a
+ * workload with its tape and optimizer, one step of a variant, one step's
+ * memory peak), calibration and interleaved rounds. bench_core and
+ * bench_policies measure through these too. On them, the suite runs one
+ * workload the same way for all of them:
  *   1. check: one fwd+bwd, the loss against the workload's plain-C
  *      reference (and the gradient where it has one), then a second
  *      fwd+bwd that must give a bitwise equal loss and gradient norm;
