@@ -3,12 +3,16 @@
  * the CLI and the executables, so both report exactly the same
  * measurement. Not installed.
  *
- *   common.c      clock, statistics, environment, raw sgemm, errors
+ *   common.c      clock, statistics, environment, raw sgemm, errors, lean stages
  *   core.c        the two core figures (tanh chain ns/op, MLP vs sgemm)
- *   wl_small.c    workloads tiny, chain, elementwise, rnn
- *   wl_gemm.c     workloads mlp, conv, deep (with their raw GEMMs)
- *   suite.c       runs one workload: checks, timing, memory, profile, DOT
- *   report.c      the table and the JSON
+ *   wl_small.c    workloads tiny, chain, elementwise, rnn, lstm
+ *   wl_gemm.c     workloads mlp, conv, deep, wide (with their raw GEMMs)
+ *   suite.c       the measurement every program shares (sessions, rounds,
+ *                 memory peak), and one workload's run: checks, timing,
+ *                 memory, profile, DOT
+ * Every workload is defined once, as a bench_workload; bench_suite,
+ * bench_core, bench_policies and bench_fingerprint all drive them through
+ * it.  *   report.c      the table and the JSON
  *   cli.c         argument parsing shared by `tapegrad bench` and bench_suite */
 #ifndef TG_BENCH_H
 #define TG_BENCH_H
@@ -51,6 +55,12 @@ float *bench_floats(size_t n, float scale);
 #define GEMM_FLOPS(m, n, k) (2.0 * (double)(m) * (double)(n) * (double)(k))
 /* Copies a contiguous f32 tensor into a new malloc'd buffer (NULL on error). */
 float *bench_copy_f32(tg_tensor *t);
+/* Mean softmax cross-entropy of logits z (n, c) against labels y, in
+ * double: the workloads' plain-C references. */
+double bench_ce_mean(const float *z, const int64_t *y, int n, int c);
+/* A workload's setup failure: err gets the library's last error, or "out
+ * of memory" when there is none; returns NULL. */
+void *bench_setup_failed(char *err, size_t errlen, const char *what);
 
 /* Where the figures were measured. Strings point into the struct or at
  * static/library storage; valid for the life of the process. */
@@ -78,12 +88,28 @@ void bench_print_env(FILE *f, const bench_env *env);
 /* JSON helpers: a quoted, escaped string (NULL writes null). */
 void bench_json_str(FILE *f, const char *s);
 
-/* ---- core.c: the two core figures of the first benchmark issue. */
+/* A forward run stage by stage with each stage in its own scope, so that
+ * its intermediates die at its end: the caller owns the returned output,
+ * and each stage's input is released once used unless it is x (the
+ * workload's). With segments, tg_checkpoint_sequential over the n stages
+ * (sqrt(n) groups). l must outlive the tape's backward (a checkpointed
+ * stage is re-run through it), so it lives in the workload's state. */
+typedef struct bench_lean {
+    tg_segment_fn fn;
+    void *ud;
+    tg_tensor *x;
+} bench_lean;
+tg_tensor *bench_lean_stages(bench_lean *l, tg_tape *tape, bool segments, int n, tg_segment_fn fn,
+                             void *ud, tg_tensor *x);
+
+/* ---- core.c: the two core figures of the first benchmark issue, on the
+ * chain and mlp workloads. */
 typedef struct bench_opts {
     bool quick; /* fewer and shorter runs (a smoke run, not a measurement) */
 } bench_opts;
 
-/* (a) Per-op overhead: a chain of `ops` tg_tanh on a 1-element f32 leaf. */
+/* (a) Per-op overhead: a chain of `ops` tg_tanh on a 1-element f32
+ * parameter (the chain workload). */
 typedef struct bench_chain_result {
     int ops;               /* chain length (100) */
     int runs;              /* timed runs the medians are taken over */
@@ -92,11 +118,11 @@ typedef struct bench_chain_result {
     double plain_ns;       /* plain C tanhf + derivative, per op */
     double ratio_vs_plain; /* fwd_bwd_ns / plain_ns */
     double ratio_vs_fwd;   /* fwd_bwd_ns / fwd_only_ns */
-    double check_err;      /* |grad_tapegrad - grad_plain| checked before timing */
+    double check_err;      /* worst relative error of value and gradient vs plain C */
 } bench_chain_result;
 
-/* (b) 784-512-512-10 ReLU MLP, batch 128, f32, cpu backend, cross-entropy,
- * weights (in, out) as plain leaves. */
+/* (b) 784-512-512-10 ReLU MLP, batch 128, f32, cpu backend, cross-entropy:
+ * the mlp workload (tg_linear layers) against its raw GEMMs. */
 typedef struct bench_mlp_result {
     int batch, in, hidden, classes;
     int runs;                     /* timed runs per variant (interleaved) */
@@ -104,12 +130,12 @@ typedef struct bench_mlp_result {
     double flops_total;           /* 3 forward + 3 dW + 2 dX GEMMs */
     double tg_step_ms;            /* tapegrad forward + backward (+ reset), median */
     double tg_fwd_ms;             /* tapegrad forward only (recording), median */
-    double raw_step_ms;           /* the same 8 cblas_sgemm calls, median */
+    double raw_step_ms;           /* the same 8 GEMMs as cblas_sgemm calls, median */
     double raw_fwd_ms;            /* the 3 forward cblas_sgemm calls, median */
     double tg_gflops, raw_gflops; /* flops_total / step time */
     double ratio;                 /* tg_step_ms / raw_step_ms */
     double fwd_ratio;             /* tg_fwd_ms / raw_fwd_ms */
-    double check_err;             /* worst relative error vs the raw reference */
+    double check_err;             /* worst relative error (loss, gradients) vs plain C */
 } bench_mlp_result;
 
 /* 0 on success; otherwise -1 with a message in err (a result that
@@ -145,15 +171,36 @@ typedef struct bench_workload {
     /* Optional: the workload's GEMMs with raw cblas_sgemm, forward only or
      * forward and backward. */
     void (*gemm)(void *st, bool backward);
+    /* Optional: the same forward with every intermediate released once
+     * used (bench_lean_stages, or by hand), so that what a checkpoint
+     * policy saves shows in the tensor peak (bench_policies' lean peak).
+     * Returns the loss in the caller's scope; *owned gets a tensor kept
+     * out of the scopes, which the caller releases after backward (NULL:
+     * none). Must record the same ops in the same order as forward. */
+    tg_tensor *(*forward_lean)(void *st, tg_tape *tape, bool segments, tg_tensor **owned);
     void (*teardown)(void *st);
 } bench_workload;
 
 extern const bench_workload bench_wl_tiny, bench_wl_chain, bench_wl_elementwise, bench_wl_rnn;
 extern const bench_workload bench_wl_mlp, bench_wl_conv, bench_wl_deep;
+/* bench_policies' two that are not in the suite: a wide Linear stack
+ * whose activations outweigh its weights, and an LSTM. */
+extern const bench_workload bench_wl_wide, bench_wl_lstm;
 
-/* Every workload in the suite's order; NULL-terminated. */
+/* Every workload in the suite's order; NULL-terminated. The suite and
+ * bench_fingerprint run these; bench_workload_find knows these only. */
 extern const bench_workload *const bench_workloads[];
 const bench_workload *bench_workload_find(const char *name);
+
+/* The chain workload's length and its value and derivative in plain C
+ * from x0 (wl_small.c): the reference of the workload and bench_core's
+ * plain-C baseline. */
+#define BENCH_CHAIN_OPS 100
+void bench_chain_plain(float x0, float *y, float *g);
+
+/* The mlp workload's sizes (wl_gemm.c), which bench_core reports. */
+#define BENCH_MLP_BATCH 128
+extern const int bench_mlp_dims[4];
 
 /* ---- suite.c */
 typedef enum bench_policy {
@@ -205,6 +252,77 @@ typedef struct bench_result {
     bool have_profile;
     bench_profile profile;
 } bench_result;
+
+/* ---- suite.c: the measurement. A session is one workload set up for
+ * measuring: its state, a tape under a policy, an SGD optimizer (lr 1e-3)
+ * over its parameters. Every program measures through these. */
+typedef struct bench_session {
+    const bench_workload *wl;
+    void *st;
+    tg_params *ps;
+    tg_tape *tape;
+    tg_optim *opt;
+    bool segments; /* forward with segments (BENCH_POLICY_SEGMENTS) */
+    bool lean;     /* forward with wl->forward_lean */
+} bench_session;
+
+/* What a session step does; the GEMM variants are wl->gemm. */
+typedef enum bench_variant {
+    BENCH_STEP_FWD = 0, /* forward recorded, then scope and tape released */
+    BENCH_STEP_FWD_BWD, /* gradients dropped, forward, backward, release */
+    BENCH_STEP_TRAIN,   /* tg_optim_zero_grad, forward, backward, tg_optim_step */
+    BENCH_GEMM_FWD,     /* the raw forward GEMMs */
+    BENCH_GEMM_ALL      /* the raw forward and backward GEMMs */
+} bench_variant;
+
+/* What one step observed. */
+typedef struct bench_step_info {
+    double loss;
+    int64_t nodes;        /* tape nodes of the forward */
+    int64_t recomputes;   /* forwards backward re-ran */
+    size_t saved_fwd;     /* tg_tape_saved_peak_bytes after the forward */
+    size_t saved_peak;    /* the same after backward */
+} bench_step_info;
+
+/* Sets up wl under opts' policy and with the optimizer; opts NULL: policy
+ * none and no optimizer (no BENCH_STEP_TRAIN; the gradients stay plain
+ * tensors of their own). -1 with err set on failure (close the session
+ * all the same). */
+int bench_session_open(bench_session *s, const bench_workload *wl, const bench_suite_opts *opts,
+                       char *err, size_t errlen);
+void bench_session_close(bench_session *s);
+/* Replaces the session's tape with a new one under policy (budget for
+ * BENCH_POLICY_BUDGET) and moves the parameters onto it. */
+int bench_session_retape(bench_session *s, bench_policy policy, size_t budget, char *err,
+                         size_t errlen);
+/* One step of a BENCH_STEP_* variant; info may be NULL. */
+tg_status bench_session_step(bench_session *s, bench_variant v, bench_step_info *info);
+/* Drops the gradients, then runs one step between tg_mem_reset_peak and
+ * tg_mem_peak_bytes: *peak gets the tensor storage above what was live
+ * before. */
+tg_status bench_session_mem(bench_session *s, bench_variant v, size_t *peak,
+                            bench_step_info *info);
+/* The checks run before anything is timed: one fwd+bwd, its loss against
+ * wl->reference (and wl->check_grad where there is one), then a second
+ * fwd+bwd that must give a bitwise equal loss and gradient norm. Fills
+ * r's loss, ref_loss, loss_rel_err, grad_norm, grad_rel_err, nodes,
+ * recomputes and saved_peak_bytes; -1 with r->error set on failure. */
+int bench_session_check(bench_session *s, bench_result *r);
+/* A bench_sample_fn over a session (ctx): reps iterations of variant. */
+int bench_session_sample(void *ctx, int variant, long reps);
+
+/* Runs reps iterations of one variant of a measurement; 0, or -1 when a
+ * step failed (the library's last error says why). */
+typedef int (*bench_sample_fn)(void *ctx, int variant, long reps);
+/* Iterations of variant that make one sample last about target_ns (1 for
+ * anything slower, at most 1e6). */
+int bench_calibrate(bench_sample_fn fn, void *ctx, int variant, double target_ns, long *reps);
+/* warmup + runs rounds; each takes one sample of every variant in turn
+ * (variant[i], NULL: 0..nvar-1; reps[i] iterations, NULL: 1), so that
+ * drift in clock speed or load hits all alike. t[i][r] gets the ns per
+ * iteration of the r-th kept sample of the i-th. */
+int bench_rounds(bench_sample_fn fn, void *ctx, int nvar, const int *variant, const long *reps,
+                 int warmup, int runs, double *const *t);
 
 /* Runs one workload; res->ok tells whether it worked (res->error why not).
  * Returns 0 on success, -1 on failure. */

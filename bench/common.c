@@ -1,6 +1,7 @@
 /* common.c - what every benchmark shares: the clock, statistics, the
- * environment header, raw sgemm and error formatting. */
+ * environment header, raw sgemm, error formatting and lean stages. */
 #include <cblas.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,56 @@ float *bench_copy_f32(tg_tensor *t)
         return NULL;
     }
     return p;
+}
+
+double bench_ce_mean(const float *z, const int64_t *y, int n, int c)
+{
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        const float *r = z + (size_t)i * c;
+        double mx = r[0], s = 0;
+        for (int j = 1; j < c; j++)
+            mx = fmax(mx, r[j]);
+        for (int j = 0; j < c; j++)
+            s += exp(r[j] - mx);
+        total -= r[y[i]] - mx - log(s);
+    }
+    return total / n;
+}
+
+void *bench_setup_failed(char *err, size_t errlen, const char *what)
+{
+    if (tg_last_error())
+        bench_lib_fail(err, errlen, what);
+    else
+        bench_fail(err, errlen, "%s: out of memory", what);
+    return NULL;
+}
+
+/* ---- lean stages */
+
+/* A stage in its own scope: its intermediates die at its end, the caller
+ * owns its output, and its input dies here unless it is the workload's
+ * (a stage's input is the previous stage's output, owned by us). */
+static tg_tensor *lean_stage(void *ud, int i, tg_tensor *h)
+{
+    bench_lean *l = ud;
+    tg_scope_begin();
+    tg_tensor *out = tg_scope_keep(l->fn(l->ud, i, h));
+    tg_scope_end();
+    if (h != l->x) tg_tensor_release(h);
+    return out;
+}
+
+tg_tensor *bench_lean_stages(bench_lean *l, tg_tape *tape, bool segments, int n, tg_segment_fn fn,
+                             void *ud, tg_tensor *x)
+{
+    *l = (bench_lean){.fn = fn, .ud = ud, .x = x};
+    if (segments) return tg_checkpoint_sequential(tape, n, 0, lean_stage, l, x);
+    tg_tensor *h = x;
+    for (int i = 0; i < n && h; i++)
+        h = lean_stage(l, i, h);
+    return h;
 }
 
 /* ---- environment */

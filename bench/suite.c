@@ -1,4 +1,8 @@
-/* suite.c - runs one workload the same way for all of them:
+/* suite.c - the measurement every bench program shares: sessions (a
+ * workload with its tape and optimizer, one step of a variant, one step's
+ * memory peak), calibration and interleaved rounds. bench_core and
+ * bench_policies measure through these too. On them, the suite runs one
+ * workload the same way for all of them:
  *   1. check: one fwd+bwd, the loss against the workload's plain-C
  *      reference (and the gradient where it has one), then a second
  *      fwd+bwd that must give a bitwise equal loss and gradient norm;
@@ -21,24 +25,6 @@
 
 #include "bench.h"
 
-typedef enum { STEP_FWD, STEP_FWD_BWD, STEP_TRAIN } step_kind;
-
-typedef struct {
-    const bench_workload *wl;
-    void *st;
-    tg_params *ps;
-    tg_tape *tape;
-    tg_optim *opt;
-    bool segments;
-} ctx;
-
-/* What one step observed (for the checks). */
-typedef struct {
-    double loss;
-    int64_t nodes, recomputes;
-    size_t saved_peak;
-} step_info;
-
 const char *bench_policy_name(bench_policy p)
 {
     switch (p) {
@@ -53,6 +39,7 @@ const char *bench_policy_name(bench_policy p)
     }
 }
 
+/* ---- sessions */
 static void drop_grads(tg_params *ps)
 {
     int n = tg_params_count(ps);
@@ -60,54 +47,158 @@ static void drop_grads(tg_params *ps)
         if (tg_params_trainable(ps, i)) tg_grad_zero(tg_params_at(ps, i));
 }
 
-static tg_status step(ctx *c, step_kind k, step_info *info)
+tg_status bench_session_step(bench_session *s, bench_variant k, bench_step_info *info)
 {
-    if (k == STEP_FWD_BWD) drop_grads(c->ps);
-    if (k == STEP_TRAIN) tg_optim_zero_grad(c->opt);
+    if (k == BENCH_STEP_FWD_BWD) drop_grads(s->ps);
+    if (k == BENCH_STEP_TRAIN) tg_optim_zero_grad(s->opt);
     tg_scope_begin();
-    tg_tensor *loss = c->wl->forward(c->st, c->tape, c->segments);
+    tg_tensor *owned = NULL;
+    tg_tensor *loss = s->lean ? s->wl->forward_lean(s->st, s->tape, s->segments, &owned)
+                              : s->wl->forward(s->st, s->tape, s->segments);
     tg_status st = loss ? TG_OK : tg_last_error();
     if (!loss && !st) st = TG_ERR_INTERNAL;
     if (!st && info) {
-        info->nodes = tg_tape_node_count(c->tape);
+        info->nodes = tg_tape_node_count(s->tape);
+        info->saved_fwd = tg_tape_saved_peak_bytes(s->tape);
         st = tg_tensor_item(loss, &info->loss);
     }
-    if (!st && k != STEP_FWD) st = tg_backward(loss);
+    if (!st && k != BENCH_STEP_FWD) st = tg_backward(loss);
     if (!st && info) {
-        info->saved_peak = tg_tape_saved_peak_bytes(c->tape);
-        info->recomputes = tg_tape_recompute_count(c->tape);
+        info->saved_peak = tg_tape_saved_peak_bytes(s->tape);
+        info->recomputes = tg_tape_recompute_count(s->tape);
     }
     tg_scope_end();
-    if (!st && k == STEP_TRAIN) st = tg_optim_step(c->opt);
-    tg_tape_reset(c->tape);
+    tg_tensor_release(owned);
+    if (!st && k == BENCH_STEP_TRAIN) st = tg_optim_step(s->opt);
+    tg_tape_reset(s->tape);
     return st;
 }
 
-static int step_or_fail(ctx *c, step_kind k, step_info *info, bench_result *r, const char *what)
+tg_status bench_session_mem(bench_session *s, bench_variant k, size_t *peak,
+                            bench_step_info *info)
 {
-    if (step(c, k, info) == TG_OK) return 0;
-    return bench_lib_fail(r->error, sizeof r->error, what);
+    /* Drop gradients first so the baseline does not hold them. */
+    drop_grads(s->ps);
+    size_t base = tg_mem_current_bytes();
+    tg_mem_reset_peak();
+    tg_status st = bench_session_step(s, k, info);
+    size_t top = tg_mem_peak_bytes();
+    *peak = top > base ? top - base : 0;
+    return st;
 }
 
-/* ns for reps iterations of one variant (3 = raw forward GEMMs, 4 = all). */
-static int sample(ctx *c, int variant, long reps, double *ns)
+int bench_session_sample(void *ctx, int variant, long reps)
 {
-    double t0 = bench_now_ns();
+    bench_session *s = ctx;
     for (long i = 0; i < reps; i++) {
-        if (variant <= STEP_TRAIN) {
-            if (step(c, (step_kind)variant, NULL)) return -1;
+        if (variant <= BENCH_STEP_TRAIN) {
+            if (bench_session_step(s, (bench_variant)variant, NULL)) return -1;
         } else {
-            c->wl->gemm(c->st, variant == 4);
+            s->wl->gemm(s->st, variant == BENCH_GEMM_ALL);
         }
     }
-    *ns = bench_now_ns() - t0;
     return 0;
 }
 
-static int check(ctx *c, bench_result *r)
+static tg_tape *new_tape(bench_policy policy, size_t budget)
 {
-    step_info a = {0}, b = {0};
-    if (step_or_fail(c, STEP_FWD_BWD, &a, r, "forward+backward")) return -1;
+    tg_tape_opts to = {0};
+    if (policy == BENCH_POLICY_BALANCED) to.policy = TG_CHECKPOINT_BALANCED;
+    if (policy == BENCH_POLICY_BUDGET) {
+        to.policy = TG_CHECKPOINT_BUDGET;
+        to.budget_bytes = budget;
+    }
+    return tg_tape_new(&to);
+}
+
+int bench_session_retape(bench_session *s, bench_policy policy, size_t budget, char *err,
+                         size_t errlen)
+{
+    tg_tape_free(s->tape);
+    s->tape = new_tape(policy, budget);
+    s->segments = policy == BENCH_POLICY_SEGMENTS;
+    if (!s->tape || tg_params_requires_grad(s->ps, s->tape))
+        return bench_lib_fail(err, errlen, "setup");
+    return 0;
+}
+
+int bench_session_open(bench_session *s, const bench_workload *wl, const bench_suite_opts *o,
+                       char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    s->wl = wl;
+    tg_error_clear();
+    if (!(s->st = wl->setup(err, errlen))) return -1;
+    s->ps = wl->params(s->st);
+    if (!o) return bench_session_retape(s, BENCH_POLICY_NONE, 0, err, errlen);
+    s->segments = o->policy == BENCH_POLICY_SEGMENTS;
+    s->tape = new_tape(o->policy, o->budget_bytes);
+    tg_optim_opts oo = tg_optim_defaults(TG_OPTIM_SGD);
+    oo.lr = 1e-3;
+    s->opt = s->tape ? tg_optim_new(s->ps, &oo) : NULL;
+    if (!s->opt || tg_params_requires_grad(s->ps, s->tape))
+        return bench_lib_fail(err, errlen, "setup");
+    return 0;
+}
+
+void bench_session_close(bench_session *s)
+{
+    tg_optim_free(s->opt);
+    tg_tape_free(s->tape);
+    if (s->st) s->wl->teardown(s->st);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- rounds */
+static int timed(bench_sample_fn fn, void *ctx, int variant, long reps, double *ns)
+{
+    double t0 = bench_now_ns();
+    int rc = fn(ctx, variant, reps);
+    *ns = bench_now_ns() - t0;
+    return rc;
+}
+
+/* One sample, then (while too short to say much) four times as many
+ * iterations, then as many as the last sample says make target_ns. */
+int bench_calibrate(bench_sample_fn fn, void *ctx, int variant, double target_ns, long *reps)
+{
+    long n = 1;
+    double ns = 0;
+    if (timed(fn, ctx, variant, n, &ns)) return -1;
+    while (ns < target_ns / 4 && n < 1000000) {
+        n *= 4;
+        if (timed(fn, ctx, variant, n, &ns)) return -1;
+    }
+    if (ns < target_ns) n = (long)ceil(target_ns * (double)n / fmax(ns, 1.0));
+    *reps = n > 1000000 ? 1000000 : n;
+    return 0;
+}
+
+int bench_rounds(bench_sample_fn fn, void *ctx, int nvar, const int *variant, const long *reps,
+                 int warmup, int runs, double *const *t)
+{
+    for (int round = 0; round < warmup + runs; round++)
+        for (int i = 0; i < nvar; i++) {
+            long n = reps ? reps[i] : 1;
+            double ns;
+            if (timed(fn, ctx, variant ? variant[i] : i, n, &ns)) return -1;
+            if (round >= warmup) t[i][round - warmup] = ns / (double)n;
+        }
+    return 0;
+}
+
+/* ---- one workload's run */
+static int step_or_fail(bench_session *c, bench_variant k, bench_step_info *info, bench_result *r,
+                        const char *what)
+{
+    if (bench_session_step(c, k, info) == TG_OK) return 0;
+    return bench_lib_fail(r->error, sizeof r->error, what);
+}
+
+int bench_session_check(bench_session *c, bench_result *r)
+{
+    bench_step_info a = {0}, b = {0};
+    if (step_or_fail(c, BENCH_STEP_FWD_BWD, &a, r, "forward+backward")) return -1;
     r->loss = a.loss;
     r->nodes = a.nodes;
     r->saved_peak_bytes = a.saved_peak;
@@ -126,7 +217,7 @@ static int check(ctx *c, bench_result *r)
                           r->loss, r->ref_loss, r->loss_rel_err, c->wl->check_tol);
     if (!isfinite(r->grad_norm))
         return bench_fail(r->error, sizeof r->error, "gradient norm is %g", r->grad_norm);
-    if (step_or_fail(c, STEP_FWD_BWD, &b, r, "forward+backward")) return -1;
+    if (step_or_fail(c, BENCH_STEP_FWD_BWD, &b, r, "forward+backward")) return -1;
     double norm2 = tg_params_grad_norm(c->ps);
     r->grad_repeatable = memcmp(&a.loss, &b.loss, sizeof a.loss) == 0 &&
                          memcmp(&r->grad_norm, &norm2, sizeof norm2) == 0;
@@ -138,23 +229,15 @@ static int check(ctx *c, bench_result *r)
     return 0;
 }
 
-static int measure_memory(ctx *c, bench_result *r)
+static int measure_memory(bench_session *c, bench_result *r)
 {
-    step_kind kinds[2] = {STEP_FWD_BWD, STEP_TRAIN};
-    size_t *out[2] = {&r->mem_peak_bytes, &r->mem_train_peak_bytes};
-    for (int i = 0; i < 2; i++) {
-        /* Drop gradients first so the baseline does not hold them. */
-        drop_grads(c->ps);
-        size_t base = tg_mem_current_bytes();
-        tg_mem_reset_peak();
-        if (step_or_fail(c, kinds[i], NULL, r, "memory step")) return -1;
-        size_t peak = tg_mem_peak_bytes();
-        *out[i] = peak > base ? peak - base : 0;
-    }
+    if (bench_session_mem(c, BENCH_STEP_FWD_BWD, &r->mem_peak_bytes, NULL) ||
+        bench_session_mem(c, BENCH_STEP_TRAIN, &r->mem_train_peak_bytes, NULL))
+        return bench_lib_fail(r->error, sizeof r->error, "memory step");
     return 0;
 }
 
-static int timing(ctx *c, const bench_suite_opts *o, bench_result *r)
+static int timing(bench_session *c, const bench_suite_opts *o, bench_result *r)
 {
     int nvar = r->have_gemm ? 5 : 3;
     double *t[5] = {0};
@@ -167,20 +250,17 @@ static int timing(ctx *c, const bench_suite_opts *o, bench_result *r)
             goto out;
         }
     /* Calibrate on fwd+bwd: enough iterations per sample for the clock and
-     * the scheduler not to matter. */
-    double target = o->quick ? 1e6 : 4e6, ns = 0;
-    long reps = 1;
-    if (sample(c, STEP_FWD_BWD, 1, &ns)) goto lib;
-    if (ns < target) {
-        if (sample(c, STEP_FWD_BWD, 3, &ns)) goto lib;
-        reps = (long)ceil(target / fmax(ns / 3, 1.0));
-    }
-    r->reps = (int)(reps > 1000000 ? 1000000 : reps);
-    for (int round = 0; round < r->warmup + r->runs; round++)
-        for (int v = 0; v < nvar; v++) {
-            if (sample(c, v, r->reps, &ns)) goto lib;
-            if (round >= r->warmup) t[v][round - r->warmup] = ns * 1e-6 / r->reps;
-        }
+     * the scheduler not to matter; every variant runs as many. */
+    long reps, all[5];
+    if (bench_calibrate(bench_session_sample, c, BENCH_STEP_FWD_BWD, o->quick ? 1e6 : 4e6, &reps))
+        goto lib;
+    r->reps = (int)reps;
+    for (int v = 0; v < nvar; v++)
+        all[v] = reps;
+    if (bench_rounds(bench_session_sample, c, nvar, NULL, all, r->warmup, r->runs, t)) goto lib;
+    for (int v = 0; v < nvar; v++)
+        for (int i = 0; i < r->runs; i++)
+            t[v][i] *= 1e-6; /* ms */
     r->fwd = bench_stat_of(t[0], r->runs);
     r->fwd_bwd = bench_stat_of(t[1], r->runs);
     r->train = bench_stat_of(t[2], r->runs);
@@ -208,7 +288,7 @@ static int cmp_rows(const void *a, const void *b)
     return (tx < ty) - (tx > ty);
 }
 
-static int profile(ctx *c, const bench_suite_opts *o, bench_result *r)
+static int profile(bench_session *c, const bench_suite_opts *o, bench_result *r)
 {
     bench_profile *p = &r->profile;
     /* Enough steps that the table is not one step's noise, at most ~1 s. */
@@ -218,7 +298,7 @@ static int profile(ctx *c, const bench_suite_opts *o, bench_result *r)
         return bench_lib_fail(r->error, sizeof r->error, "profile");
     tg_tape_profile_clear(c->tape);
     for (int i = 0; i < steps; i++)
-        if (step_or_fail(c, STEP_FWD_BWD, NULL, r, "profiled step")) return -1;
+        if (step_or_fail(c, BENCH_STEP_FWD_BWD, NULL, r, "profiled step")) return -1;
     int n = tg_tape_profile_rows(c->tape, p->rows, BENCH_PROFILE_ROWS);
     tg_tape_profile_enable(c->tape, false);
     p->nrows = n < BENCH_PROFILE_ROWS ? n : BENCH_PROFILE_ROWS;
@@ -239,54 +319,16 @@ static int profile(ctx *c, const bench_suite_opts *o, bench_result *r)
     return 0;
 }
 
-static tg_tape *new_tape(const bench_suite_opts *o)
-{
-    tg_tape_opts to = {0};
-    if (o->policy == BENCH_POLICY_BALANCED) to.policy = TG_CHECKPOINT_BALANCED;
-    if (o->policy == BENCH_POLICY_BUDGET) {
-        to.policy = TG_CHECKPOINT_BUDGET;
-        to.budget_bytes = o->budget_bytes;
-    }
-    return tg_tape_new(&to);
-}
-
-/* Sets up wl with a tape (opts' policy) and an SGD optimizer. */
-static int ctx_open(ctx *c, const bench_workload *wl, const bench_suite_opts *o, char *err,
-                    size_t errlen)
-{
-    memset(c, 0, sizeof *c);
-    c->wl = wl;
-    c->segments = o->policy == BENCH_POLICY_SEGMENTS;
-    tg_error_clear();
-    if (!(c->st = wl->setup(err, errlen))) return -1;
-    c->ps = wl->params(c->st);
-    c->tape = new_tape(o);
-    tg_optim_opts oo = tg_optim_defaults(TG_OPTIM_SGD);
-    oo.lr = 1e-3;
-    c->opt = c->tape ? tg_optim_new(c->ps, &oo) : NULL;
-    if (!c->opt || tg_params_requires_grad(c->ps, c->tape))
-        return bench_lib_fail(err, errlen, "setup");
-    return 0;
-}
-
-static void ctx_close(ctx *c)
-{
-    tg_optim_free(c->opt);
-    tg_tape_free(c->tape);
-    if (c->st) c->wl->teardown(c->st);
-    memset(c, 0, sizeof *c);
-}
-
 int bench_run(const bench_workload *wl, const bench_suite_opts *o, bench_result *r)
 {
     memset(r, 0, sizeof *r);
     r->wl = wl;
     r->have_gemm = wl->gemm != NULL;
     tg_backend prev = tg_set_default_backend(TG_BACKEND_CPU);
-    ctx c;
+    bench_session c;
     int rc = -1;
-    if (ctx_open(&c, wl, o, r->error, sizeof r->error)) goto out;
-    if (check(&c, r) || measure_memory(&c, r) || timing(&c, o, r)) goto out;
+    if (bench_session_open(&c, wl, o, r->error, sizeof r->error)) goto out;
+    if (bench_session_check(&c, r) || measure_memory(&c, r) || timing(&c, o, r)) goto out;
     if (o->profile && profile(&c, o, r)) goto out;
     if (wl == &bench_wl_chain) {
         bench_opts bo = {.quick = o->quick};
@@ -296,7 +338,7 @@ int bench_run(const bench_workload *wl, const bench_suite_opts *o, bench_result 
     rc = 0;
     r->ok = true;
 out:
-    ctx_close(&c);
+    bench_session_close(&c);
     tg_set_default_backend(prev);
     return rc;
 }
@@ -304,9 +346,9 @@ out:
 int bench_write_dot(const bench_suite_opts *o, const char *path, char *err, size_t errlen)
 {
     tg_backend prev = tg_set_default_backend(TG_BACKEND_CPU);
-    ctx c;
+    bench_session c;
     int rc = -1;
-    if (ctx_open(&c, &bench_wl_mlp, o, err, errlen)) goto out;
+    if (bench_session_open(&c, &bench_wl_mlp, o, err, errlen)) goto out;
     tg_scope_begin();
     tg_tensor *loss = c.wl->forward(c.st, c.tape, c.segments);
     tg_status st = loss ? tg_tape_export_dot(c.tape, path) : tg_last_error();
@@ -318,7 +360,7 @@ int bench_write_dot(const bench_suite_opts *o, const char *path, char *err, size
     }
     rc = 0;
 out:
-    ctx_close(&c);
+    bench_session_close(&c);
     tg_set_default_backend(prev);
     return rc;
 }

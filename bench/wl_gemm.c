@@ -1,5 +1,5 @@
-/* wl_gemm.c - the workloads whose time should be their GEMMs: mlp and
- * deep (stacks of Linear + ReLU) and conv (conv2d, then a linear layer).
+/* wl_gemm.c - the workloads whose time should be their GEMMs: mlp, deep
+ * and wide (stacks of Linear + ReLU) and conv (conv2d, then a linear layer).
  * Each also runs the same GEMMs with raw cblas_sgemm, shaped as
  * tg_linear calls them (x W^T with W (out, in)), so the suite can time
  * the two side by side; the plain-C forward around those GEMMs is the
@@ -13,35 +13,11 @@
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 #define MAX_LAYERS 16
 
-static double ce_mean(const float *z, const int64_t *y, int n, int c)
-{
-    double total = 0;
-    for (int i = 0; i < n; i++) {
-        const float *r = z + (size_t)i * c;
-        double mx = r[0], s = 0;
-        for (int j = 1; j < c; j++)
-            mx = fmax(mx, r[j]);
-        for (int j = 0; j < c; j++)
-            s += exp(r[j] - mx);
-        total -= r[y[i]] - mx - log(s);
-    }
-    return total / n;
-}
-
-static void *setup_failed(char *err, size_t errlen, const char *what)
-{
-    if (tg_last_error())
-        bench_lib_fail(err, errlen, what);
-    else
-        bench_fail(err, errlen, "%s: out of memory", what);
-    return NULL;
-}
-
 /* ---- Linear stacks: x -> [Linear, ReLU] x n (no ReLU after the last
  * layer when the loss is cross-entropy). */
 typedef struct {
     int nl, batch;
-    const int *dims; /* nl + 1 */
+    int dims[MAX_LAYERS + 1]; /* nl + 1 used */
     bool ce;         /* cross-entropy on labels; else mean of the output */
     tg_params *ps;
     tg_linear *l[MAX_LAYERS];
@@ -49,6 +25,7 @@ typedef struct {
     int64_t *labels;
     /* Raw buffers for the reference and the cblas GEMMs. */
     float *X, *W[MAX_LAYERS], *Z[MAX_LAYERS], *dZ[MAX_LAYERS], *dH[MAX_LAYERS], *dW[MAX_LAYERS];
+    bench_lean lean;
 } stack_st;
 
 static bool stack_relu(const stack_st *s, int l)
@@ -83,9 +60,9 @@ static void *stack_setup(int nl, const int *dims, int batch, bool ce, bool kaimi
 {
     stack_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "stack setup");
+    if (!s) return bench_setup_failed(err, errlen, "stack setup");
     s->nl = nl;
-    s->dims = dims;
+    memcpy(s->dims, dims, (size_t)(nl + 1) * sizeof *dims);
     s->batch = batch;
     s->ce = ce;
     tg_rng_seed(&rng, seed);
@@ -125,7 +102,7 @@ static void *stack_setup(int nl, const int *dims, int batch, bool ce, bool kaimi
     }
     if (!ok) {
         stack_teardown(s);
-        return setup_failed(err, errlen, "stack setup");
+        return bench_setup_failed(err, errlen, "stack setup");
     }
     return s;
 }
@@ -151,6 +128,14 @@ static tg_tensor *stack_forward(void *p, tg_tape *tape, bool segments)
     else
         for (int l = 0; l < s->nl; l++)
             h = stack_layer(s, l, h);
+    return s->ce ? tg_cross_entropy(h, s->y) : tg_mean(h);
+}
+
+static tg_tensor *stack_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
+{
+    stack_st *s = p;
+    tg_tensor *h = bench_lean_stages(&s->lean, tape, segments, s->nl, stack_layer, s, s->x);
+    *owned = h;
     return s->ce ? tg_cross_entropy(h, s->y) : tg_mean(h);
 }
 
@@ -204,7 +189,7 @@ static int stack_reference(void *p, double *loss, char *err, size_t errlen)
     float *z = s->Z[s->nl - 1];
     int C = d[s->nl];
     if (s->ce) {
-        *loss = ce_mean(z, s->labels, B, C);
+        *loss = bench_ce_mean(z, s->labels, B, C);
     } else {
         double total = 0;
         for (size_t i = 0; i < (size_t)B * C; i++)
@@ -214,15 +199,96 @@ static int stack_reference(void *p, double *loss, char *err, size_t errlen)
     return 0;
 }
 
-/* 2 m n k per GEMM. */
+/* max |a - b| / max |b| over n entries. */
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double e = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        e = fmax(e, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return e / fmax(m, 1e-30);
+}
 
-static const int mlp_dims[4] = {784, 512, 512, 10};
+/* The gradients in plain C around cblas_sgemm, from stack_reference's
+ * activations: dZ of the loss (softmax - one-hot over B for cross-entropy,
+ * 1/(B C) for the mean), through each ReLU, dW = dZ^T A, db = the column
+ * sums of dZ, dA = dZ W; each weight's and bias's gradient compared. */
+static int stack_check_grad(void *p, double *rel, char *err, size_t errlen)
+{
+    stack_st *s = p;
+    const int *d = s->dims;
+    int B = s->batch, L = s->nl, C = d[L];
+    double loss;
+    if (stack_reference(s, &loss, err, errlen)) return -1;
+    float *dz = s->dZ[L - 1];
+    for (int i = 0; i < B; i++) {
+        const float *z = s->Z[L - 1] + (size_t)i * C;
+        double mx = z[0], sum = 0;
+        for (int j = 1; s->ce && j < C; j++)
+            mx = fmax(mx, z[j]);
+        for (int j = 0; s->ce && j < C; j++)
+            sum += exp(z[j] - mx);
+        for (int j = 0; j < C; j++)
+            dz[(size_t)i * C + j] = s->ce ? (float)((exp(z[j] - mx) / sum - (j == s->labels[i])) / B)
+                                          : (float)(1.0 / ((double)B * C));
+    }
+    *rel = 0;
+    const char *what = "";
+    int worst = 0;
+    for (int l = L - 1; l >= 0; l--) {
+        int in = d[l], out = d[l + 1];
+        size_t nz = (size_t)B * out;
+        if (stack_relu(s, l))
+            for (size_t i = 0; i < nz; i++)
+                if (!(s->Z[l][i] > 0)) s->dZ[l][i] = 0;
+        const float *a = l ? s->Z[l - 1] : s->X;
+        bench_sgemm(true, false, out, in, B, s->dZ[l], out, a, in, s->dW[l], in);
+        float *db = calloc((size_t)out, sizeof *db);
+        float *gw = bench_copy_f32(tg_grad(tg_linear_weight(s->l[l])));
+        float *gb = bench_copy_f32(tg_grad(tg_linear_bias(s->l[l])));
+        if (!db || !gw || !gb) {
+            free(db);
+            free(gw);
+            free(gb);
+            return bench_lib_fail(err, errlen, "stack gradient");
+        }
+        for (size_t i = 0; i < nz; i++)
+            db[i % (size_t)out] += s->dZ[l][i];
+        double ew = rel_err(gw, s->dW[l], (size_t)in * out), eb = rel_err(gb, db, (size_t)out);
+        if (ew > *rel || eb > *rel) {
+            *rel = fmax(ew, eb);
+            what = ew >= eb ? "weight" : "bias";
+            worst = l;
+        }
+        free(db);
+        free(gw);
+        free(gb);
+        if (!l) break;
+        bench_sgemm(false, false, B, in, out, s->dZ[l], out, s->W[l], in, s->dH[l], in);
+        memcpy(s->dZ[l - 1], s->dH[l], (size_t)B * in * sizeof(float));
+    }
+    if (!(*rel <= 1e-3))
+        return bench_fail(err, errlen,
+                          "fc%d.%s gradient disagrees with plain C: relative error %.3g",
+                          worst + 1, what, *rel);
+    return 0;
+}
+
+/* What every Linear stack's workload does. */
+#define STACK_FNS                                                                                  \
+    .params = stack_params, .forward = stack_forward, .reference = stack_reference,               \
+    .check_grad = stack_check_grad, .gemm = stack_gemm, .forward_lean = stack_forward_lean,       \
+    .teardown = stack_teardown
+
+const int bench_mlp_dims[4] = {784, 512, 512, 10};
 
 static void *mlp_setup(char *err, size_t errlen)
 {
-    return stack_setup(3, mlp_dims, 128, true, false, 5, err, errlen);
+    return stack_setup(3, bench_mlp_dims, BENCH_MLP_BATCH, true, false, 5, err, errlen);
 }
 
+/* 2 m n k per GEMM. */
 #define MLP_FWD (GEMM_FLOPS(128, 512, 784) + GEMM_FLOPS(128, 512, 512) + GEMM_FLOPS(128, 10, 512))
 
 const bench_workload bench_wl_mlp = {
@@ -235,26 +301,27 @@ const bench_workload bench_wl_mlp = {
     /* backward: every dW, and dX above the first layer */
     .gemm_flops_all = 2 * MLP_FWD + GEMM_FLOPS(128, 512, 512) + GEMM_FLOPS(128, 10, 512),
     .setup = mlp_setup,
-    .params = stack_params,
-    .forward = stack_forward,
-    .reference = stack_reference,
-    .gemm = stack_gemm,
-    .teardown = stack_teardown,
+    STACK_FNS,
 };
 
-#define DEEP_L 16
-#define DEEP_W 1024
-#define DEEP_B 256
-static const int deep_dims[DEEP_L + 1] = {DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W,
-                                          DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W,
-                                          DEEP_W, DEEP_W, DEEP_W, DEEP_W, DEEP_W};
+/* deep and wide: 16 x (Linear W + ReLU), He init, the mean of the output
+ * as the loss. Forward GEMMs: one a layer; backward: a dW each and a dX
+ * above the first. */
+#define SQUARE_L 16
+#define SQUARE_ONE(b, w) GEMM_FLOPS(b, w, w)
+
+static void *square_setup(int width, int batch, uint64_t seed, char *err, size_t errlen)
+{
+    int dims[SQUARE_L + 1];
+    for (int l = 0; l <= SQUARE_L; l++)
+        dims[l] = width;
+    return stack_setup(SQUARE_L, dims, batch, false, true, seed, err, errlen);
+}
 
 static void *deep_setup(char *err, size_t errlen)
 {
-    return stack_setup(DEEP_L, deep_dims, DEEP_B, false, true, 6, err, errlen);
+    return square_setup(1024, 256, 6, err, errlen);
 }
-
-#define DEEP_ONE GEMM_FLOPS(DEEP_B, DEEP_W, DEEP_W)
 
 const bench_workload bench_wl_deep = {
     .name = "deep",
@@ -262,14 +329,28 @@ const bench_workload bench_wl_deep = {
     .sequential = true,
     .check_tol = 1e-4,
     .gemm_desc = "16 forward, 16 dW, 15 dX",
-    .gemm_flops_fwd = DEEP_L * DEEP_ONE,
-    .gemm_flops_all = (3 * DEEP_L - 1) * DEEP_ONE,
+    .gemm_flops_fwd = SQUARE_L * SQUARE_ONE(256, 1024),
+    .gemm_flops_all = (3 * SQUARE_L - 1) * SQUARE_ONE(256, 1024),
     .setup = deep_setup,
-    .params = stack_params,
-    .forward = stack_forward,
-    .reference = stack_reference,
-    .gemm = stack_gemm,
-    .teardown = stack_teardown,
+    STACK_FNS,
+};
+
+/* wide: activations (2 MB each) outweigh the weights (256 KB). */
+static void *wide_setup(char *err, size_t errlen)
+{
+    return square_setup(256, 2048, 9, err, errlen);
+}
+
+const bench_workload bench_wl_wide = {
+    .name = "wide",
+    .desc = "16 x (Linear 256 + ReLU), batch 2048, He init, mean of the output",
+    .sequential = true,
+    .check_tol = 1e-4,
+    .gemm_desc = "16 forward, 16 dW, 15 dX",
+    .gemm_flops_fwd = SQUARE_L * SQUARE_ONE(2048, 256),
+    .gemm_flops_all = (3 * SQUARE_L - 1) * SQUARE_ONE(2048, 256),
+    .setup = wide_setup,
+    STACK_FNS,
 };
 
 /* ---- conv: conv2d 1->16 3x3 (no padding) on 28x28, batch 64, ReLU, then
@@ -313,7 +394,7 @@ static void *conv_setup(char *err, size_t errlen)
 {
     conv_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "conv setup");
+    if (!s) return bench_setup_failed(err, errlen, "conv setup");
     tg_rng_seed(&rng, 7);
     s->ps = tg_params_new();
     s->conv =
@@ -332,7 +413,7 @@ static void *conv_setup(char *err, size_t errlen)
     s->dZ = bench_floats((size_t)CV_B * CV_K, 0.01f);
     if (!s->fc || !s->y || !s->X || !s->A || !s->dA || !s->Wf || !s->dWf || !s->Z || !s->dZ) {
         conv_teardown(s);
-        return setup_failed(err, errlen, "conv setup");
+        return bench_setup_failed(err, errlen, "conv setup");
     }
     return s;
 }
@@ -391,7 +472,7 @@ static int conv_reference(void *p, double *loss, char *err, size_t errlen)
     bench_sgemm(false, true, CV_B, CV_K, CV_F, s->A, CV_F, s->Wf, CV_F, s->Z, CV_K);
     for (int i = 0; i < CV_B * CV_K; i++)
         s->Z[i] += bf[i % CV_K];
-    *loss = ce_mean(s->Z, s->labels, CV_B, CV_K);
+    *loss = bench_ce_mean(s->Z, s->labels, CV_B, CV_K);
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /* wl_small.c - the workloads whose time is not GEMM: tiny and chain (the
  * tape's own cost per op), elementwise (memory-bound kernels over 1M
- * floats) and rnn (many small ops in a loop). Each has a plain-C
+ * floats), rnn and lstm (many small ops in a loop). Each has a plain-C
  * reference of its loss, and chain and elementwise of their gradient. */
 #include <math.h>
 #include <stdlib.h>
@@ -10,36 +10,11 @@
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
-/* Mean softmax cross-entropy of logits z (n, c) against labels y. */
-static double ce_mean(const float *z, const int64_t *y, int n, int c)
-{
-    double total = 0;
-    for (int i = 0; i < n; i++) {
-        const float *r = z + (size_t)i * c;
-        double mx = r[0], s = 0;
-        for (int j = 1; j < c; j++)
-            mx = fmax(mx, r[j]);
-        for (int j = 0; j < c; j++)
-            s += exp(r[j] - mx);
-        total -= r[y[i]] - mx - log(s);
-    }
-    return total / n;
-}
-
 /* A new parameter set plus the generator every workload seeds alike. */
 static tg_params *new_params(tg_rng *rng, uint64_t seed)
 {
     tg_rng_seed(rng, seed);
     return tg_params_new();
-}
-
-static void *setup_failed(char *err, size_t errlen, const char *what)
-{
-    if (tg_last_error())
-        bench_lib_fail(err, errlen, what);
-    else
-        bench_fail(err, errlen, "%s: out of memory", what);
-    return NULL;
 }
 
 /* ---- tiny: MLP 2-16-16-1, tanh, batch 1, MSE */
@@ -67,7 +42,7 @@ static void *tiny_setup(char *err, size_t errlen)
 {
     tiny_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "tiny setup");
+    if (!s) return bench_setup_failed(err, errlen, "tiny setup");
     s->ps = new_params(&rng, 1);
     bool ok = s->ps != NULL;
     static const char *const names[3] = {"fc1", "fc2", "fc3"};
@@ -82,7 +57,7 @@ static void *tiny_setup(char *err, size_t errlen)
     }
     if (!ok) {
         tiny_teardown(s);
-        return setup_failed(err, errlen, "tiny setup");
+        return bench_setup_failed(err, errlen, "tiny setup");
     }
     return s;
 }
@@ -146,7 +121,7 @@ const bench_workload bench_wl_tiny = {
 };
 
 /* ---- chain: 100 tanh on a 1-element tensor */
-#define CHAIN_N 100
+#define CHAIN_N BENCH_CHAIN_OPS
 
 typedef struct {
     tg_params *ps;
@@ -164,12 +139,12 @@ static void chain_teardown(void *p)
 static void *chain_setup(char *err, size_t errlen)
 {
     chain_st *s = calloc(1, sizeof *s);
-    if (!s) return setup_failed(err, errlen, "chain setup");
+    if (!s) return bench_setup_failed(err, errlen, "chain setup");
     s->ps = tg_params_new();
     s->x = s->ps ? tg_params_add(s->ps, "x", TG_F32, 1, SHAPE(1)) : NULL;
     if (!s->x || tg_init_constant(s->x, 0.5)) {
         chain_teardown(s);
-        return setup_failed(err, errlen, "chain setup");
+        return bench_setup_failed(err, errlen, "chain setup");
     }
     return s;
 }
@@ -194,11 +169,10 @@ static tg_tensor *chain_forward(void *p, tg_tape *tape, bool segments)
     return segments ? tg_checkpoint(tape, chain_whole, s, s->x) : chain_whole(s, 0, s->x);
 }
 
-/* The chain and its derivative in plain C, from the parameter's value. */
-static int chain_plain(chain_st *s, float *y, float *g)
+/* The forward values are kept for the backward sweep, as a tape would. */
+void bench_chain_plain(float x0, float *y, float *g)
 {
-    float ys[CHAIN_N], v;
-    if (tg_tensor_copy_out(s->x, &v, sizeof v)) return -1;
+    float ys[CHAIN_N], v = x0;
     for (int i = 0; i < CHAIN_N; i++)
         ys[i] = v = tanhf(v);
     float d = 1.0f;
@@ -206,6 +180,14 @@ static int chain_plain(chain_st *s, float *y, float *g)
         d *= 1.0f - ys[i] * ys[i];
     *y = v;
     *g = d;
+}
+
+/* The chain and its derivative in plain C, from the parameter's value. */
+static int chain_plain(chain_st *s, float *y, float *g)
+{
+    float v;
+    if (tg_tensor_copy_out(s->x, &v, sizeof v)) return -1;
+    bench_chain_plain(v, y, g);
     return 0;
 }
 
@@ -256,13 +238,13 @@ static void *elem_setup(char *err, size_t errlen)
 {
     elem_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "elementwise setup");
+    if (!s) return bench_setup_failed(err, errlen, "elementwise setup");
     s->ps = new_params(&rng, 3);
     s->x = s->ps ? tg_params_add(s->ps, "x", TG_F32, 1, SHAPE(ELEM_N)) : NULL;
     if (!s->x || tg_init_uniform(s->x, &rng, -2, 2)) {
         tg_params_free(s->ps);
         free(s);
-        return setup_failed(err, errlen, "elementwise setup");
+        return bench_setup_failed(err, errlen, "elementwise setup");
     }
     return s;
 }
@@ -280,17 +262,51 @@ static tg_params *elem_params(void *p)
     return ((elem_st *)p)->ps;
 }
 
+/* Sequenced, since C leaves the order of a call's arguments open: the
+ * sigmoid first (the order GCC gave the nested call this replaced, so the
+ * recorded tape, and with it the bits of the gradient, stay as they
+ * were), and the same order as elem_lean. */
 static tg_tensor *elem_whole(void *p, int layer, tg_tensor *x)
 {
     (void)p;
     (void)layer;
-    return tg_sum(tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0)), tg_sigmoid(x)));
+    tg_tensor *sg = tg_sigmoid(x);
+    tg_tensor *t = tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0));
+    return tg_sum(tg_mul(t, sg));
 }
 
 static tg_tensor *elem_forward(void *p, tg_tape *tape, bool segments)
 {
     elem_st *s = p;
     return segments ? tg_checkpoint(tape, elem_whole, s, s->x) : elem_whole(s, 0, s->x);
+}
+
+/* elem_whole with every intermediate released once used (the caller owns
+ * what it keeps out of the scope): the forward holds at most three 4 MB
+ * values, and only what the policy saves outlives it. */
+static tg_tensor *elem_lean(void *p, int layer, tg_tensor *x)
+{
+    (void)p;
+    (void)layer;
+    tg_tensor *sg = tg_scope_keep(tg_sigmoid(x));
+    tg_tensor *a = tg_scope_keep(tg_mul(x, x));
+    tg_tensor *b = tg_scope_keep(tg_add_scalar(a, 1.0));
+    tg_tensor_release(a);
+    tg_tensor *t = tg_scope_keep(tg_tanh(b));
+    tg_tensor_release(b);
+    tg_tensor *e = tg_scope_keep(tg_mul(t, sg));
+    tg_tensor_release(t);
+    tg_tensor_release(sg);
+    tg_tensor *y = tg_sum(e);
+    tg_tensor_release(e);
+    return y;
+}
+
+static tg_tensor *elem_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
+{
+    elem_st *s = p;
+    tg_tensor *loss = segments ? tg_checkpoint(tape, elem_lean, s, s->x) : elem_lean(s, 0, s->x);
+    return *owned = tg_scope_keep(loss);
 }
 
 static int elem_reference(void *p, double *loss, char *err, size_t errlen)
@@ -344,6 +360,7 @@ const bench_workload bench_wl_elementwise = {
     .forward = elem_forward,
     .reference = elem_reference,
     .check_grad = elem_check_grad,
+    .forward_lean = elem_forward_lean,
     .teardown = elem_teardown,
 };
 
@@ -388,7 +405,7 @@ static void *rnn_setup(char *err, size_t errlen)
 {
     rnn_st *s = calloc(1, sizeof *s);
     tg_rng rng;
-    if (!s) return setup_failed(err, errlen, "rnn setup");
+    if (!s) return bench_setup_failed(err, errlen, "rnn setup");
     s->ps = new_params(&rng, 4);
     s->cell = s->ps ? tg_rnn_cell_new(s->ps, "rnn", RNN_V, RNN_H, TG_F32, &rng) : NULL;
     s->out = s->cell ? tg_linear_new(s->ps, "out", RNN_H, RNN_V, true, TG_F32, &rng) : NULL;
@@ -421,7 +438,7 @@ static void *rnn_setup(char *err, size_t errlen)
          s->dWhh && s->dWo;
     if (!ok) {
         rnn_teardown(s);
-        return setup_failed(err, errlen, "rnn setup");
+        return bench_setup_failed(err, errlen, "rnn setup");
     }
     return s;
 }
@@ -507,7 +524,7 @@ static int rnn_reference(void *p, double *loss, char *err, size_t errlen)
         for (int b = 0; b < RNN_B; b++)
             for (int j = 0; j < RNN_V; j++)
                 z[b * RNN_V + j] += bo[j];
-        total += ce_mean(z, s->tok[t + 1], RNN_B, RNN_V);
+        total += bench_ce_mean(z, s->tok[t + 1], RNN_B, RNN_V);
     }
     *loss = total / RNN_T;
 out:
@@ -541,4 +558,158 @@ const bench_workload bench_wl_rnn = {
     .forward = rnn_forward,
     .reference = rnn_reference,
     .teardown = rnn_teardown,
+};
+
+/* ---- lstm: tg_lstm_cell 32 -> 128, batch 32, 32 steps over random
+ * normal inputs from h = c = 0; the loss is the mean of h^2 and c^2 after
+ * the last step. The state is carried as hc = [h c] (B, 2H), one tensor,
+ * so that tg_checkpoint_sequential can cut between steps. */
+#define LSTM_I 32
+#define LSTM_H 128
+#define LSTM_T 32
+#define LSTM_B 32
+
+typedef struct {
+    tg_params *ps;
+    tg_lstm_cell *cell;
+    tg_tensor *xs[LSTM_T]; /* (B, I) */
+    tg_tensor *hc0;        /* (B, 2H) zeros */
+    bench_lean lean;
+} lstm_st;
+
+static void lstm_teardown(void *p)
+{
+    lstm_st *s = p;
+    if (!s) return;
+    for (int t = 0; t < LSTM_T; t++)
+        tg_tensor_release(s->xs[t]);
+    tg_tensor_release(s->hc0);
+    tg_lstm_cell_free(s->cell);
+    tg_params_free(s->ps);
+    free(s);
+}
+
+static void *lstm_setup(char *err, size_t errlen)
+{
+    lstm_st *s = calloc(1, sizeof *s);
+    tg_rng rng;
+    if (!s) return bench_setup_failed(err, errlen, "lstm setup");
+    s->ps = new_params(&rng, 8);
+    s->cell = s->ps ? tg_lstm_cell_new(s->ps, "lstm", LSTM_I, LSTM_H, TG_F32, &rng) : NULL;
+    bool ok = s->cell != NULL;
+    for (int t = 0; t < LSTM_T && ok; t++)
+        ok = (s->xs[t] = tg_rand_normal(&rng, TG_F32, 2, SHAPE(LSTM_B, LSTM_I), 0, 1)) != NULL;
+    if (ok) ok = (s->hc0 = tg_zeros(TG_F32, 2, SHAPE(LSTM_B, 2 * LSTM_H))) != NULL;
+    if (!ok) {
+        lstm_teardown(s);
+        return bench_setup_failed(err, errlen, "lstm setup");
+    }
+    return s;
+}
+
+static tg_params *lstm_params(void *p)
+{
+    return ((lstm_st *)p)->ps;
+}
+
+static tg_tensor *lstm_step(void *p, int t, tg_tensor *hc)
+{
+    lstm_st *s = p;
+    tg_tensor *h2, *c2;
+    tg_tensor *h = tg_narrow(hc, 1, 0, LSTM_H), *c = tg_narrow(hc, 1, LSTM_H, LSTM_H);
+    if (tg_lstm_cell_forward(s->cell, s->xs[t], h, c, &h2, &c2)) return NULL;
+    tg_tensor *both[2] = {h2, c2};
+    return tg_concat(2, both, 1);
+}
+
+static tg_tensor *lstm_forward(void *p, tg_tape *tape, bool segments)
+{
+    lstm_st *s = p;
+    tg_tensor *hc = s->hc0;
+    if (segments)
+        hc = tg_checkpoint_sequential(tape, LSTM_T, 0, lstm_step, s, hc);
+    else
+        for (int t = 0; t < LSTM_T && hc; t++)
+            hc = lstm_step(s, t, hc);
+    return tg_mean(tg_mul(hc, hc));
+}
+
+static tg_tensor *lstm_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
+{
+    lstm_st *s = p;
+    tg_tensor *hc = bench_lean_stages(&s->lean, tape, segments, LSTM_T, lstm_step, s, s->hc0);
+    *owned = hc;
+    return tg_mean(tg_mul(hc, hc));
+}
+
+static float sigmoidf(float v)
+{
+    return 1.0f / (1.0f + expf(-v));
+}
+
+/* z = x W_ih^T + b_ih + h W_hh^T + b_hh, gates i f g o in that order. */
+static int lstm_reference(void *p, double *loss, char *err, size_t errlen)
+{
+    lstm_st *s = p;
+    enum { B = LSTM_B, I = LSTM_I, H = LSTM_H, G = 4 * LSTM_H };
+    float *wih = bench_copy_f32(tg_params_find(s->ps, "lstm.weight_ih"));
+    float *whh = bench_copy_f32(tg_params_find(s->ps, "lstm.weight_hh"));
+    float *bih = bench_copy_f32(tg_params_find(s->ps, "lstm.bias_ih"));
+    float *bhh = bench_copy_f32(tg_params_find(s->ps, "lstm.bias_hh"));
+    float *h = calloc(B * H, sizeof *h), *c = calloc(B * H, sizeof *c);
+    float *zx = malloc(B * G * sizeof *zx), *zh = malloc(B * G * sizeof *zh);
+    float *x = NULL;
+    int rc = 0;
+    if (!wih || !whh || !bih || !bhh || !h || !c || !zx || !zh) {
+        rc = bench_lib_fail(err, errlen, "lstm reference");
+        goto out;
+    }
+    for (int t = 0; t < LSTM_T; t++) {
+        free(x);
+        if (!(x = bench_copy_f32(s->xs[t]))) {
+            rc = bench_lib_fail(err, errlen, "lstm reference");
+            goto out;
+        }
+        bench_sgemm(false, true, B, G, I, x, I, wih, I, zx, G);
+        bench_sgemm(false, true, B, G, H, h, H, whh, H, zh, G);
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < H; j++) {
+                float z[4];
+                for (int k = 0; k < 4; k++) {
+                    int q = k * H + j;
+                    z[k] = zx[b * G + q] + bih[q] + zh[b * G + q] + bhh[q];
+                }
+                float *cv = &c[b * H + j];
+                *cv = sigmoidf(z[1]) * *cv + sigmoidf(z[0]) * tanhf(z[2]);
+                h[b * H + j] = sigmoidf(z[3]) * tanhf(*cv);
+            }
+    }
+    double total = 0;
+    for (int i = 0; i < B * H; i++)
+        total += (double)h[i] * h[i] + (double)c[i] * c[i];
+    *loss = total / (2.0 * B * H);
+out:
+    free(wih);
+    free(whh);
+    free(bih);
+    free(bhh);
+    free(h);
+    free(c);
+    free(zx);
+    free(zh);
+    free(x);
+    return rc;
+}
+
+const bench_workload bench_wl_lstm = {
+    .name = "lstm",
+    .desc = "LSTM cell, input 32, hidden 128, batch 32, 32 steps, mean of h^2 and c^2",
+    .sequential = true,
+    .check_tol = 1e-4,
+    .setup = lstm_setup,
+    .params = lstm_params,
+    .forward = lstm_forward,
+    .reference = lstm_reference,
+    .forward_lean = lstm_forward_lean,
+    .teardown = lstm_teardown,
 };
