@@ -113,11 +113,8 @@ static tg_status rematerialize(sweep_state *s, int64_t j)
     }
     st = n->op->shape(n->op, &n->attrs, args, &out_spec);
     if (!st) {
-        tg_op_ctx ctx = {
-            .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = args, .in_spec = in_spec,
-            .out = NULL, .out_spec = &out_spec, .backend = n->backend, .needs = needs,
-            .extra = s->extra[j], .nextra = &s->nextra[j], .forward = true,
-        };
+        tg_op_ctx ctx = tg__op_ctx(n->op, &n->attrs, n->nin, args, in_spec, NULL, &out_spec,
+                                   n->backend, needs, s->extra[j], &s->nextra[j], true);
         uint64_t t0 = s->tape->profiling ? tg__now_ns() : 0;
         s->vals[j] = n->op->forward(&ctx, args);
         if (t0) tg__profile_recompute(s->tape, n->op, tg__now_ns() - t0);
@@ -165,12 +162,8 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
         if (n->in_slot[i] >= 0) needs |= 1u << i;
     if (!needs) return TG_OK;
     int nextra = n->nextra;
-    tg_op_ctx ctx = {
-        .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = n->in_saved,
-        .in_spec = n->in_spec, .out = n->out_saved, .out_spec = &n->out_spec,
-        .backend = n->backend, .needs = needs, .extra = n->extra, .nextra = &nextra,
-        .forward = false,
-    };
+    tg_op_ctx ctx = tg__op_ctx(n->op, &n->attrs, n->nin, n->in_saved, n->in_spec, n->out_saved,
+                               &n->out_spec, n->backend, needs, n->extra, &nextra, false);
     tg_status st = TG_OK;
     if (n->recompute) {
         /* Rematerialise what backward reads, as NONE would have saved it:

@@ -288,11 +288,8 @@ static tg_status block_forward(region *r, rnode *rn, int64_t start, int64_t len)
     if (!st) {
         tg_tensor *extra[TG_OP_MAX_EXTRA];
         int nextra = 0;
-        tg_op_ctx ctx = {
-            .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = args, .in_spec = in_spec,
-            .out = NULL, .out_spec = &out_spec, .backend = n->backend, .needs = needs,
-            .extra = extra, .nextra = &nextra, .forward = true,
-        };
+        tg_op_ctx ctx = tg__op_ctx(n->op, &n->attrs, n->nin, args, in_spec, NULL, &out_spec,
+                                   n->backend, needs, extra, &nextra, true);
         uint64_t t0 = r->s->tape->profiling ? tg__now_ns() : 0;
         rn->val = n->op->forward(&ctx, args);
         if (t0) rn->fwd_ns += tg__now_ns() - t0;
@@ -336,12 +333,9 @@ static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len
                          n->op->name, i + 1);
     }
     int nextra = 0;
-    tg_op_ctx ctx = {
-        .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = args, .in_spec = in_spec,
-        .out = (saves & TG_SAVE_OUTPUT) ? rn->val : NULL, .out_spec = &out_spec,
-        .backend = n->backend, .needs = needs, .extra = NULL, .nextra = &nextra,
-        .forward = false,
-    };
+    tg_op_ctx ctx = tg__op_ctx(n->op, &n->attrs, n->nin, args, in_spec,
+                               (saves & TG_SAVE_OUTPUT) ? rn->val : NULL, &out_spec, n->backend,
+                               needs, NULL, &nextra, false);
     if (!st) {
         tg_scope_begin();
         uint64_t t0 = r->s->tape->profiling ? tg__now_ns() : 0;
