@@ -1,6 +1,7 @@
 /* The tape: an append-only array of nodes for one forward pass, leaves and
  * gradient slots. Reverse recording order is a topological order, so the
  * backward sweep (backward.c) needs no sort. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,8 +21,18 @@ bool tg_grad_enabled(void)
     return !tg__grad_disabled;
 }
 
+/* Core drops a dying tensor's reference to its tape through this hook:
+ * installed once, before the first tape exists. */
+static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
+
+static void install_hooks(void)
+{
+    tg__tensor_set_tape_release(tg__tape_unref);
+}
+
 tg_tape *tg_tape_new(const tg_tape_opts *opts)
 {
+    pthread_once(&hook_once, install_hooks);
     tg_tape_opts o = {0};
     if (opts) o = *opts;
     if ((unsigned)o.policy > TG_CHECKPOINT_BUDGET) {

@@ -79,6 +79,9 @@ TG_INTERNAL tg_status tg__tape_record(struct tg_tape *tape, const tg_op *op,
                                       tg_tensor **extra, int nextra);
 /* Releases a node's saved tensors and marks it consumed. */
 TG_INTERNAL void tg__node_release_saved(struct tg_tape *tape, tg_node *n);
+/* A reference to the tape: every tensor pointing at it and the user's
+ * handle hold one. The last unref frees it. core/tensor.c reaches unref only
+ * through the release hook tg_tape_new installs. */
 TG_INTERNAL void tg__tape_unref(struct tg_tape *tape);
 /* Profiler hooks (profile.c); call only when tape->profiling. */
 TG_INTERNAL uint64_t tg__now_ns(void);
