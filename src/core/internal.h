@@ -141,6 +141,13 @@ static inline bool tg__same_shape(int na, const int64_t *a, int nb, const int64_
         if (a[i] != b[i]) return false;
     return true;
 }
+/* The tape's hold on tensors. Core knows no tape: a tracked tensor
+ * (t->tape != NULL) owns one reference to its tape, and when the tensor
+ * dies core hands that reference back through this hook, which the tape
+ * installs (tape.c) before the first tape exists, so it is set whenever a
+ * tensor has a tape. The hook must not touch the dying tensor. */
+typedef void (*tg_tape_release_fn)(struct tg_tape *tape);
+TG_INTERNAL void tg__tensor_set_tape_release(tg_tape_release_fn fn);
 /* Validates creation arguments (ndim, shape, dtype); records errors as op. */
 TG_INTERNAL tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape);
 TG_INTERNAL tg_status tg__check_dtype(const char *op, tg_dtype dtype);

@@ -1,6 +1,7 @@
 /* The per-call context handed to an op's forward and backward functions.
- * Dispatch builds it for forward; the tape builds it for backward from a
- * node. Accessors live in src/dispatch/opctx.c. */
+ * Dispatch makes it for forward; the tape's node executor (tape/exec.c)
+ * for recompute and backward. Both make it with tg__op_ctx below, the one
+ * place that fills it. Accessors live in src/dispatch/opctx.c. */
 #ifndef TG_CORE_OPCTX_H
 #define TG_CORE_OPCTX_H
 
@@ -22,5 +23,24 @@ struct tg_op_ctx {
     int *nextra;
     bool forward;
 };
+
+/* The context of one call of op on nin inputs in (specs in_spec, output
+ * spec out_spec) on backend; needs: bit i, input i needs a gradient.
+ * forward: extra/nextra are TG_OP_MAX_EXTRA slots that tg_op_ctx_save
+ * fills (*nextra counts them), out is NULL. Backward: in holds what the
+ * node keeps (NULL where it keeps nothing), out its kept output or NULL,
+ * extra/nextra what its forward saved (extra may be NULL with *nextra 0).
+ * Nothing is retained; every pointer must outlive the call. */
+static inline tg_op_ctx tg__op_ctx(const tg_op *op, const tg_op_attrs *attrs, int nin,
+                                   tg_tensor *const *in, const tg_spec *in_spec, tg_tensor *out,
+                                   const tg_spec *out_spec, tg_backend backend, unsigned needs,
+                                   tg_tensor **extra, int *nextra, bool forward)
+{
+    return (tg_op_ctx){
+        .op = op, .attrs = attrs, .nin = nin, .in = in, .in_spec = in_spec, .out = out,
+        .out_spec = out_spec, .backend = backend, .needs = needs, .extra = extra,
+        .nextra = nextra, .forward = forward,
+    };
+}
 
 #endif

@@ -6,9 +6,16 @@
 #include <string.h>
 
 #include "core/internal.h"
-#include "tape/tape_internal.h"
 
 static TG_THREAD_LOCAL tg_backend default_backend = TG_BACKEND_CPU;
+
+/* Set once, before any tensor has a tape (see internal.h). */
+static _Atomic(tg_tape_release_fn) tape_release;
+
+void tg__tensor_set_tape_release(tg_tape_release_fn fn)
+{
+    atomic_store_explicit(&tape_release, fn, memory_order_release);
+}
 
 static const char *const dtype_names[TG_DTYPE_COUNT] = {"f32", "f64", "i64"};
 static const size_t dtype_sizes[TG_DTYPE_COUNT] = {4, 8, 8};
@@ -210,7 +217,7 @@ void tg_tensor_release(tg_tensor *t)
 {
     if (!t || --t->refcount > 0) return;
     if (t->grad) tg_tensor_release(t->grad);
-    if (t->tape) tg__tape_unref(t->tape);
+    if (t->tape) atomic_load_explicit(&tape_release, memory_order_acquire)(t->tape);
     tg_storage *st = t->storage;
     bool embeds = st->block == t;
     /* Sole holder (the common case): no other thread can hold or take a

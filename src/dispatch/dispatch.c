@@ -105,13 +105,12 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     }
     tg_tensor *extra[TG_OP_MAX_EXTRA] = {0};
     int nextra = 0;
-    tg_op_ctx ctx = {
-        .op = op, .attrs = attrs, .nin = n, .in = args, .in_spec = in_spec, .out = NULL,
-        .out_spec = &out_spec, .backend = n ? in[0]->backend : tg_default_backend(),
-        .needs = 0, .extra = extra, .nextra = &nextra, .forward = true,
-    };
+    unsigned needs = 0;
     for (int i = 0; i < n; i++)
-        if (tracked[i]) ctx.needs |= 1u << i;
+        if (tracked[i]) needs |= 1u << i;
+    tg_op_ctx ctx = tg__op_ctx(op, attrs, n, args, in_spec, NULL, &out_spec,
+                               n ? in[0]->backend : tg_default_backend(), needs, extra, &nextra,
+                               true);
 
     /* A forward built from tg_* ops must not record its inner ops. */
     bool prev_grad_off = tg__grad_disabled;

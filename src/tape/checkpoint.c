@@ -1,7 +1,11 @@
 /* Checkpoint policies: what each recorded op keeps for backward.
  *
+ * This file decides, op by op as the tape records it, which nodes save and
+ * which are recomputed (tg__tape_choose) and where a recompute node's
+ * inputs are kept (tg__checkpoint_place); recompute.c re-runs them.
+ *
  * NONE saves what each op's backward reads. A *recompute* node saves
- * nothing of its own; backward re-runs its forward (backward.c) from the
+ * nothing of its own; backward re-runs its forward (recompute.c) from the
  * values of its inputs, which are leaves, untracked inputs it retains, the
  * outputs of other recompute nodes (recomputed in turn) or checkpoints:
  * outputs of saving nodes, kept once at the producer for all its recompute
@@ -162,6 +166,47 @@ tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *co
     }
     }
     return TG_OK;
+}
+
+/* Where a new recompute node n (its inputs in, tracked per tracked[])
+ * finds its inputs' values in backward, and what that makes the tape keep:
+ * a leaf is borrowed (the leaf list holds it), an untracked input
+ * retained, and an interior input is read from its producer: recomputed in
+ * turn, or kept there once as a checkpoint for every recompute consumer
+ * (checkpoints: from saving producers; see tg__tape_choose), as a
+ * segment's boundary, or where BALANCED cuts a chain. Sets n->chain. */
+void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const bool *tracked,
+                          bool checkpoints)
+{
+    n->chain = 1;
+    for (int i = 0; i < n->nin; i++) {
+        if (n->in_node[i] >= 0) {
+            tg_node *p = &tape->nodes[n->in_node[i]];
+            bool saving = !p->recompute && (checkpoints || !tg__node_keeps_inputs(p));
+            /* A value leaving a segment is that segment's boundary: kept,
+             * so backward re-runs one segment at a time. */
+            bool boundary = p->recompute && p->segment && p->segment != n->segment;
+            /* BALANCED, outside segments: a chain of recompute nodes (an
+             * LSTM's cell state, step after step) is cut every
+             * TG_BALANCED_MAX_CHAIN nodes, so backward never has to
+             * rematerialise more than that many values back to a kept one
+             * before it can free any. */
+            bool cut = p->recompute && !p->segment && !n->segment &&
+                       tape->opts.policy == TG_CHECKPOINT_BALANCED &&
+                       p->chain >= TG_BALANCED_MAX_CHAIN;
+            if ((saving || boundary || cut) && !p->ckpt && !p->out_saved) {
+                p->ckpt = tg_tensor_retain(in[i]);
+                tg__tape_charge(tape, p, tg__kept_bytes(in[i]));
+            }
+            if (p->recompute && !p->ckpt && p->chain + 1 > n->chain) n->chain = p->chain + 1;
+        } else if (tracked[i]) {
+            n->in_val[i] = in[i]; /* a leaf: the leaf list holds it */
+        } else {
+            n->in_val[i] = tg_tensor_retain(in[i]);
+            n->in_val_owned[i] = true;
+            tg__tape_charge(tape, n, tg__kept_bytes(in[i]));
+        }
+    }
 }
 
 tg_status tg_checkpoint_begin(tg_tape *tape)

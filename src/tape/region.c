@@ -274,30 +274,17 @@ static tg_status block_forward(region *r, rnode *rn, int64_t start, int64_t len)
     }
     tg_node *n = rn->n;
     tg_tensor *args[TG_OP_MAX_INPUTS] = {0};
-    tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec = {0};
     tg_status st = TG_OK;
-    unsigned needs = 0;
-    for (int i = 0; i < n->nin && !st; i++) {
-        args[i] = input_block(r, rn, i, start, len);
-        if (!args[i]) st = tg__err(TG_ERR_INTERNAL, "pointwise block of '%s': input #%d missing",
-                                   n->op->name, i + 1);
-        else tg__spec_of(args[i], &in_spec[i]);
-        if (n->in_slot[i] >= 0) needs |= 1u << i;
-    }
-    if (!st) st = n->op->shape(n->op, &n->attrs, args, &out_spec);
+    for (int i = 0; i < n->nin && !st; i++)
+        if (!(args[i] = input_block(r, rn, i, start, len)))
+            st = tg__err(TG_ERR_INTERNAL, "pointwise block of '%s': input #%d missing",
+                         n->op->name, i + 1);
     if (!st) {
         tg_tensor *extra[TG_OP_MAX_EXTRA];
         int nextra = 0;
-        tg_op_ctx ctx = {
-            .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = args, .in_spec = in_spec,
-            .out = NULL, .out_spec = &out_spec, .backend = n->backend, .needs = needs,
-            .extra = extra, .nextra = &nextra, .forward = true,
-        };
-        uint64_t t0 = r->s->tape->profiling ? tg__now_ns() : 0;
-        rn->val = n->op->forward(&ctx, args);
-        if (t0) rn->fwd_ns += tg__now_ns() - t0;
+        st = tg__exec_forward(n, args, extra, &nextra, r->s->tape->profiling ? &rn->fwd_ns : NULL,
+                              &rn->val);
         for (int k = 0; k < nextra; k++) tg_tensor_release(extra[k]);
-        if (!rn->val) st = tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
     }
     for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
     return st;
@@ -315,61 +302,37 @@ static tg_status flush_target(rtarget *t, int64_t start, int64_t len)
     return st;
 }
 
+/* The block's backward through the executor, on 1-d slices of len
+ * elements (0-d for a broadcast scalar input): its gradients go to the
+ * members that produced its inputs or to the run's outside targets. */
 static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len)
 {
     tg_node *n = rn->n;
-    unsigned saves = n->op->saves, needs = 0;
-    tg_tensor *args[TG_OP_MAX_INPUTS] = {0}, *gin[TG_OP_MAX_INPUTS] = {0};
+    unsigned saves = n->op->saves;
+    tg_tensor *args[TG_OP_MAX_INPUTS] = {0}, **dst[TG_OP_MAX_INPUTS];
     tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec;
     tg__spec_of(rn->grad, &out_spec);
     tg_status st = TG_OK;
     for (int i = 0; i < n->nin; i++) {
-        if (n->in_slot[i] >= 0) needs |= 1u << i;
         if (spec_numel(&n->in_spec[i]) == 1 && r->numel > 1) {
             in_spec[i] = n->in_spec[i];
             in_spec[i].ndim = 0;
         } else {
             in_spec[i] = (tg_spec){.dtype = n->in_spec[i].dtype, .ndim = 1, .shape = {len}};
         }
+        dst[i] = n->in_slot[i] < 0 ? NULL
+                 : rn->gdst[i] >= 0 ? &r->nodes[rn->gdst[i]].grad
+                                    : &r->targets[rn->target[i]].acc;
         if ((saves & TG_SAVE_INPUT(i)) && !(args[i] = input_block(r, rn, i, start, len)))
             st = tg__err(TG_ERR_INTERNAL, "pointwise block of '%s': input #%d missing",
                          n->op->name, i + 1);
     }
     int nextra = 0;
-    tg_op_ctx ctx = {
-        .op = n->op, .attrs = &n->attrs, .nin = n->nin, .in = args, .in_spec = in_spec,
-        .out = (saves & TG_SAVE_OUTPUT) ? rn->val : NULL, .out_spec = &out_spec,
-        .backend = n->backend, .needs = needs, .extra = NULL, .nextra = &nextra,
-        .forward = false,
-    };
-    if (!st) {
-        tg_scope_begin();
-        uint64_t t0 = r->s->tape->profiling ? tg__now_ns() : 0;
-        st = n->op->backward(&ctx, rn->grad, gin);
-        if (t0) rn->bwd_ns += tg__now_ns() - t0;
-        for (int i = 0; i < n->nin; i++) tg_tensor_retain(gin[i]);
-        tg_scope_end();
-        if (st && tg_last_error() == TG_OK) tg__err(st, "backward of '%s' failed", n->op->name);
-    }
+    if (!st)
+        st = tg__exec_backward(n, args, in_spec, (saves & TG_SAVE_OUTPUT) ? rn->val : NULL,
+                               &out_spec, NULL, &nextra, rn->grad, dst,
+                               r->s->tape->profiling ? &rn->bwd_ns : NULL);
     for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
-    for (int i = 0; i < n->nin && !st; i++) {
-        if (!(needs & (1u << i))) continue;
-        tg_tensor *gi = gin[i];
-        if (!gi || gi->dtype != n->in_spec[i].dtype || gi->numel != len) {
-            st = tg__err(TG_ERR_INTERNAL, "backward of '%s' returned %s for input #%d of a "
-                                          "pointwise block", n->op->name,
-                         gi ? "a gradient of the wrong dtype or size" : "no gradient", i + 1);
-            break;
-        }
-        if (rn->gdst[i] >= 0) {
-            gin[i] = NULL;
-            st = tg__grad_accumulate(&r->nodes[rn->gdst[i]].grad, gi);
-        } else {
-            gin[i] = NULL;
-            st = tg__grad_accumulate(&r->targets[rn->target[i]].acc, gi);
-        }
-    }
-    for (int i = 0; i < n->nin; i++) tg_tensor_release(gin[i]);
     return st;
 }
 
@@ -450,7 +413,7 @@ static void region_part(void *ctx, int part, int nparts)
 static tg_status run_blocks(region *r, int64_t b)
 {
     int64_t nblocks = (r->numel + b - 1) / b;
-    int nparts = tg_num_threads();
+    int nparts = tg__pool_size();
     if (nparts > REGION_MAX_PARTS) nparts = REGION_MAX_PARTS;
     if (nparts > nblocks / 2) nparts = (int)(nblocks / 2); /* two blocks a part at least */
     if (nparts <= 1) return run_block_range(r, b, 0, nblocks);

@@ -1,14 +1,17 @@
-/* State shared by the reverse sweep (backward.c) and the pointwise
- * regions it hands to region.c. */
+/* State of one backward, shared by the reverse sweep (backward.c), the
+ * recompute of dropped values (recompute.c) and the pointwise regions
+ * (region.c). backward.c drives the other two; region.c reads values
+ * through recompute.c; none calls back into backward.c. Nodes run through
+ * the executor (exec.h). */
 #ifndef TG_TAPE_SWEEP_H
 #define TG_TAPE_SWEEP_H
 
-#include "tape/tape_internal.h"
+#include "tape/exec.h"
 
-/* State of one backward: gradient slots and, for recompute nodes, the
- * values rematerialised so far (each once, freed when the sweep passes
- * the node that produced it: every consumer comes later in the record, so
- * it has been processed by then). */
+/* Gradient slots and, for recompute nodes, the values rematerialised so
+ * far (each once, freed when the sweep passes the node that produced it:
+ * every consumer comes later in the record, so it has been processed by
+ * then). */
 typedef struct sweep_state {
     tg_tape *tape;
     tg_tensor **grads;                      /* [nslots] */
@@ -17,21 +20,36 @@ typedef struct sweep_state {
     int *nextra;                            /* [nnodes] */
 } sweep_state;
 
-/* *dst += src (taking src's reference); *dst may be NULL. */
-TG_INTERNAL tg_status tg__grad_accumulate(tg_tensor **dst, tg_tensor *src);
+/* ---- recompute (recompute.c) */
+/* Allocates s's recompute state for nodes 0..top when any of them is a
+ * recompute node (else leaves it NULL). */
+TG_INTERNAL tg_status tg__sweep_values_init(sweep_state *s, int64_t top);
+/* Releases every value still held and the state itself. */
+TG_INTERNAL void tg__sweep_values_free(sweep_state *s, int64_t top);
+/* Releases node j's rematerialised value and extras (no-op without state). */
+TG_INTERNAL void tg__sweep_drop(sweep_state *s, int64_t j);
 /* Borrowed value of node j's output, rematerialised once if needed. */
 TG_INTERNAL tg_status tg__sweep_value_of(sweep_state *s, int64_t j, tg_tensor **out);
 /* Borrowed value of input i of node n for a recompute. */
 TG_INTERNAL tg_status tg__sweep_input_value(sweep_state *s, const tg_node *n, int i,
                                             tg_tensor **out);
-/* Pointwise regions (region.c). A run of pointwise nodes ending at the
- * recompute node top, spanning at most TG_REGION_SPAN nodes of the
- * record, that backward may run in cache-sized blocks. tg__region_find
- * returns its lowest node (top itself when there is no run) and lists in
- * hoist, highest first, the nodes in the span that are not in the run and
- * that the sweep must process first. tg__region_run then runs the run; g
- * is top's gradient (borrowed). On success the gradients of the run's
- * inputs are in s->grads and its nodes are consumed. */
+/* New references to the inputs of n in which (TG_SAVE_INPUT bits),
+ * contiguous unless the op takes strided inputs (what dispatch handed
+ * forward); NULL for the others. */
+TG_INTERNAL tg_status tg__sweep_input_args(sweep_state *s, const tg_node *n, unsigned which,
+                                           tg_tensor **args);
+/* Re-runs node j's forward into s->vals[j] (and its extras). */
+TG_INTERNAL tg_status tg__sweep_rematerialize(sweep_state *s, int64_t j);
+
+/* ---- pointwise regions (region.c)
+ * A run of pointwise nodes ending at the recompute node top, spanning at
+ * most TG_REGION_SPAN nodes of the record, that backward may run in
+ * cache-sized blocks. tg__region_find returns its lowest node (top itself
+ * when there is no run) and lists in hoist, highest first, the nodes in
+ * the span that are not in the run and that the sweep must process
+ * first. tg__region_run then runs the run; g is top's gradient
+ * (borrowed). On success the gradients of the run's inputs are in
+ * s->grads and its nodes are consumed. */
 #define TG_REGION_SPAN 128
 TG_INTERNAL int64_t tg__region_find(sweep_state *s, int64_t top, int64_t *hoist, int *nhoist);
 TG_INTERNAL tg_status tg__region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g);

@@ -1,6 +1,7 @@
 /* The tape: an append-only array of nodes for one forward pass, leaves and
  * gradient slots. Reverse recording order is a topological order, so the
  * backward sweep (backward.c) needs no sort. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,8 +21,18 @@ bool tg_grad_enabled(void)
     return !tg__grad_disabled;
 }
 
+/* Core drops a dying tensor's reference to its tape through this hook:
+ * installed once, before the first tape exists. */
+static pthread_once_t hook_once = PTHREAD_ONCE_INIT;
+
+static void install_hooks(void)
+{
+    tg__tensor_set_tape_release(tg__tape_unref);
+}
+
 tg_tape *tg_tape_new(const tg_tape_opts *opts)
 {
+    pthread_once(&hook_once, install_hooks);
     tg_tape_opts o = {0};
     if (opts) o = *opts;
     if ((unsigned)o.policy > TG_CHECKPOINT_BUDGET) {
@@ -206,13 +217,6 @@ size_t tg__kept_bytes(const tg_tensor *t)
     return (t && !t->is_leaf && !t->leaf_view) ? tg__tensor_bytes(t) : 0;
 }
 
-static void charge(tg_tape *tape, tg_node *n, size_t bytes)
-{
-    n->saved_bytes += bytes;
-    tape->saved_bytes += bytes;
-    if (tape->saved_bytes > tape->saved_peak) tape->saved_peak = tape->saved_bytes;
-}
-
 tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *attrs, int nin,
                           tg_tensor *const *in, tg_tensor *const *seen, const bool *tracked,
                           tg_tensor *out, tg_tensor **extra, int nextra)
@@ -248,7 +252,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->remake_extra = false;
     n->ckpt = NULL;
     n->segment = tape->segment_id;
-    n->chain = recompute ? 1 : 0;
+    n->chain = 0;
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
         tg__spec_of(in[i], &n->in_spec[i]);
@@ -256,13 +260,13 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         n->in_val[i] = NULL;
         n->in_val_owned[i] = false;
         n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i))) ? tg_tensor_retain(seen[i]) : NULL;
-        charge(tape, n, tg__kept_bytes(n->in_saved[i]));
+        tg__tape_charge(tape, n, tg__kept_bytes(n->in_saved[i]));
         /* A saving node borrows the leaves it does not save (affine's bias):
          * free, and with them it can be re-run from what it keeps. */
         if (!recompute && !n->in_saved[i] && tracked[i] && in[i]->is_leaf) n->in_val[i] = in[i];
     }
     n->out_saved = tg_tensor_retain(saved_out);
-    charge(tape, n, tg__tensor_bytes(saved_out));
+    tg__tape_charge(tape, n, tg__tensor_bytes(saved_out));
     n->nextra = 0;
     for (int i = 0; i < nextra; i++) {
         if (recompute) { /* backward makes them again */
@@ -271,40 +275,9 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
             continue;
         }
         n->extra[n->nextra++] = extra[i];
-        charge(tape, n, tg__kept_bytes(extra[i]));
+        tg__tape_charge(tape, n, tg__kept_bytes(extra[i]));
     }
-    if (recompute) {
-        for (int i = 0; i < nin; i++) {
-            if (n->in_node[i] >= 0) {
-                /* An interior input: recomputed from its producer, or kept
-                 * there once as a checkpoint for every recompute consumer. */
-                tg_node *p = &tape->nodes[n->in_node[i]];
-                bool saving = !p->recompute && (checkpoints || !tg__node_keeps_inputs(p));
-                /* A value leaving a segment is that segment's boundary:
-                 * kept, so backward re-runs one segment at a time. */
-                bool boundary = p->recompute && p->segment && p->segment != n->segment;
-                /* BALANCED, outside segments: a chain of recompute nodes
-                 * (an LSTM's cell state, step after step) is cut every
-                 * TG_BALANCED_MAX_CHAIN nodes, so backward never has to
-                 * rematerialise more than that many values back to a kept
-                 * one before it can free any. */
-                bool cut = p->recompute && !p->segment && !n->segment &&
-                           tape->opts.policy == TG_CHECKPOINT_BALANCED &&
-                           p->chain >= TG_BALANCED_MAX_CHAIN;
-                if ((saving || boundary || cut) && !p->ckpt && !p->out_saved) {
-                    p->ckpt = tg_tensor_retain(in[i]);
-                    charge(tape, p, tg__kept_bytes(in[i]));
-                }
-                if (p->recompute && !p->ckpt && p->chain + 1 > n->chain) n->chain = p->chain + 1;
-            } else if (tracked[i]) {
-                n->in_val[i] = in[i]; /* a leaf: the leaf list holds it */
-            } else {
-                n->in_val[i] = tg_tensor_retain(in[i]);
-                n->in_val_owned[i] = true;
-                charge(tape, n, tg__kept_bytes(in[i]));
-            }
-        }
-    }
+    if (recompute) tg__checkpoint_place(tape, n, in, tracked, checkpoints);
     tg__spec_of(out, &n->out_spec);
 
     tg__tape_ref(tape);

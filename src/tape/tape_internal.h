@@ -37,7 +37,7 @@ typedef struct tg_node {
 } tg_node;
 
 /* BALANCED keeps the output of a recompute node that ends a chain of this
- * many recompute nodes back to a kept value (tg__tape_record, tape.c). */
+ * many recompute nodes back to a kept value (tg__checkpoint_place). */
 #define TG_BALANCED_MAX_CHAIN 8
 
 struct tg_tape {
@@ -79,6 +79,9 @@ TG_INTERNAL tg_status tg__tape_record(struct tg_tape *tape, const tg_op *op,
                                       tg_tensor **extra, int nextra);
 /* Releases a node's saved tensors and marks it consumed. */
 TG_INTERNAL void tg__node_release_saved(struct tg_tape *tape, tg_node *n);
+/* A reference to the tape: every tensor pointing at it and the user's
+ * handle hold one. The last unref frees it. core/tensor.c reaches unref only
+ * through the release hook tg_tape_new installs. */
 TG_INTERNAL void tg__tape_unref(struct tg_tape *tape);
 /* Profiler hooks (profile.c); call only when tape->profiling. */
 TG_INTERNAL uint64_t tg__now_ns(void);
@@ -100,6 +103,19 @@ TG_INTERNAL tg_status tg__tape_choose(struct tg_tape *tape, const tg_op *op, int
                                       tg_tensor *const *in, tg_tensor *const *seen,
                                       const bool *tracked, tg_tensor *out, tg_tensor *const *extra,
                                       int nextra, bool *recompute, bool *checkpoints);
+/* Checkpoint placement for a new recompute node n (checkpoint.c): where
+ * backward finds each input's value (in_val, or a checkpoint kept at the
+ * producer), charged to the tape; sets n->chain. tg__tape_record calls it
+ * once n's inputs (in_node, in_slot) are filled in. */
+TG_INTERNAL void tg__checkpoint_place(struct tg_tape *tape, tg_node *n, tg_tensor *const *in,
+                                      const bool *tracked, bool checkpoints);
+/* Counts bytes the tape keeps for node n (saved_bytes, its peak). */
+static inline void tg__tape_charge(struct tg_tape *tape, tg_node *n, size_t bytes)
+{
+    n->saved_bytes += bytes;
+    tape->saved_bytes += bytes;
+    if (tape->saved_bytes > tape->saved_peak) tape->saved_peak = tape->saved_bytes;
+}
 /* Whether a saving node keeps every input (saved, or a leaf it borrows),
  * so that backward can re-run it from what it keeps. */
 TG_INTERNAL bool tg__node_keeps_inputs(const tg_node *n);
