@@ -256,16 +256,9 @@ static int count_differentiable(void)
     return n;
 }
 
-/* The built-in ops known to be differentiable: the registry must hold each
- * of them with a backward (new ops may be added; none may silently go). */
-static const char *const known_differentiable[] = {
-    "add",        "sub",        "mul",         "div",           "neg",       "exp",
-    "log",        "sqrt",       "tanh",        "sigmoid",       "relu",      "pow_scalar",
-    "add_scalar", "mul_scalar", "sum",         "mean",          "max_dim",   "reshape",
-    "permute",    "expand",     "sum_to",      "contiguous",    "to_device", "cast",
-    "matmul",     "softmax",    "log_softmax", "cross_entropy", "mse_loss",
-};
-#define NKNOWN ((int)(sizeof known_differentiable / sizeof known_differentiable[0]))
+/* No list of op names here: the sweep takes whatever the registry holds. That
+ * no built-in silently goes, or loses its backward, is the ops_md test's job
+ * (docs/ops.md is the registry's committed snapshot, marks included). */
 
 /* ---- The sweep itself. */
 Test(sweep, every_differentiable_op_passes_gradcheck_on_both_backends)
@@ -280,7 +273,7 @@ Test(sweep, every_differentiable_op_passes_gradcheck_on_both_backends)
                  "checked %d ops on both backends, registry has %d "
                  "differentiable ones",
                  nops, count_differentiable());
-    cr_expect_geq(nops, NKNOWN);
+    cr_expect_gt(nops, 0, "the registry has no differentiable op");
     cr_expect_geq(ncases, 2 * nops, "only %d cases over %d ops", ncases, nops);
     cr_log_info("sweep: %d differentiable ops, %d gradcheck cases passed (both backends)", nops,
                 ncases);
@@ -323,19 +316,6 @@ Test(sweep, sweep_covers_exactly_the_differentiable_ops_in_the_registry)
     }
     cr_expect_eq(nops, ndiff, "sweep covered %d ops, registry has %d differentiable", nops, ndiff);
     cr_expect_eq(lg->failures, 0, "%s", lg->text);
-    /* Every known differentiable built-in is in the registry, marked, covered. */
-    for (int j = 0; j < NKNOWN; j++) {
-        tg_error_clear();
-        const tg_op *op = tg_op_find(known_differentiable[j]);
-        cr_expect(op != NULL, "built-in op '%s' is missing from the registry: %s",
-                  known_differentiable[j], tg_last_error_message());
-        if (!op) continue;
-        cr_expect_eq(tg_op_mark(op), TG_AD_BACKWARD, "built-in op '%s' is marked '%s'", op->name,
-                     tg_ad_mark_name(tg_op_mark(op)));
-        for (int i = 0; i < total; i++)
-            if (tg_op_at(i) == op)
-                cr_expect(covered[i], "built-in op '%s' was not covered by the sweep", op->name);
-    }
     const char *lack[MAX_LACKING];
     int nlack = ops_lacking_cases(lack, MAX_LACKING);
     cr_expect_eq(nlack, 0, "%d built-in differentiable op(s) lack gradcheck cases, first '%s'",
@@ -609,14 +589,39 @@ Test(sweep, each_input_gets_the_same_gradient_when_it_is_the_only_one_tracked)
     tu_expect_no_leaks(mem0);
 }
 
+/* Does op (binary) broadcast a (3,1) against a (4) into a (3,4)? Asked of
+ * the op itself, on untracked f64 inputs: the registry has no attribute for
+ * it (TG_OP_POINTWISE allows ops that take only equal shapes and scalars). */
+static bool broadcasts(const tg_op *op)
+{
+    tg_tensor *in[2] = {tg_ones(TG_F64, 2, (const int64_t[]){3, 1}),
+                        tg_ones(TG_F64, 1, (const int64_t[]){4})};
+    cr_assert(in[0] && in[1], "%s", tg_last_error_message());
+    tg_tensor *y = tg_op_call(op, 2, in, NULL);
+    bool ok = y && tg_tensor_ndim(y) == 2 && tg_tensor_shape(y)[0] == 3 &&
+              tg_tensor_shape(y)[1] == 4;
+    tg_tensor_release(y);
+    tu_release_all(in, 2);
+    tg_error_clear();
+    return ok;
+}
+
+/* The binary elementwise ops of the registry: two inputs, pointwise, with a
+ * backward, and broadcasting (add, sub, mul, div, minimum, maximum today). */
+static bool is_binary_broadcasting(const tg_op *op)
+{
+    return op->arity == 2 && (op->flags & TG_OP_POINTWISE) && tu_op_has_backward(op) &&
+           broadcasts(op);
+}
+
 Test(sweep, binary_elementwise_samples_include_shapes_that_broadcast)
 {
-    static const char *const binary[] = {"add", "sub", "mul", "div"};
     size_t mem0 = tg_mem_current_bytes();
-    for (int j = 0; j < 4; j++) {
-        tg_error_clear();
-        const tg_op *op = tg_op_find(binary[j]);
-        cr_assert(op != NULL, "%s", tg_last_error_message());
+    int nbinary = 0;
+    for (int j = 0; j < tg_op_count(); j++) {
+        const tg_op *op = tg_op_at(j);
+        if (!is_binary_broadcasting(op)) continue;
+        nbinary++;
         cr_assert(op->sample != NULL, "op '%s' has no gradcheck cases", op->name);
         sweep_log lg = {0};
         int nbroadcast = 0, nrank = 0, ncases = 0;
@@ -647,6 +652,8 @@ Test(sweep, binary_elementwise_samples_include_shapes_that_broadcast)
         cr_expect_geq(nbroadcast, 1, "op '%s': no case with broadcasting shapes", op->name);
         cr_expect_geq(nrank, 1, "op '%s': no case with inputs of different rank", op->name);
     }
+    /* add, sub, mul, div at least: finding none would mean the probe broke. */
+    cr_expect_geq(nbinary, 4, "only %d broadcasting binary ops found", nbinary);
     tu_expect_no_leaks(mem0);
 }
 
