@@ -25,21 +25,12 @@
 #include <criterion/criterion.h>
 #include <tapegrad.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__SANITIZE_ADDRESS__)
-#define TG_TEST_LSAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TG_TEST_LSAN 1
-#endif
-#endif
-#ifdef TG_TEST_LSAN
-#include <sanitizer/lsan_interface.h>
-#endif
 
 #define F64_RTOL 1e-12
 #define F32_ATOL 1e-6
@@ -52,24 +43,6 @@ static const char *const prec_names[2] = {"f64", "f32"};
 /* Worst error seen, as a fraction of the allowed error, per precision:
  * logged so the margin of each tolerance is visible. */
 static double worst_ratio[2];
-
-/* Every test ends here: tensor storage is back where the test started and,
- * in sanitizer builds, LeakSanitizer finds nothing unreachable. (Criterion
- * does not fail a test for a leak reported when its worker exits, so the
- * check runs now.) */
-static void expect_no_leaks(size_t mem0)
-{
-    size_t now = tg_mem_current_bytes();
-    cr_expect_eq(now, mem0, "tensor storage: %zu bytes at the start, %zu at the end", mem0, now);
-#ifdef TG_TEST_LSAN
-    cr_expect_eq(__lsan_do_recoverable_leak_check(), 0, "LeakSanitizer found leaks (report above)");
-#endif
-}
-
-static bool is_float(tg_dtype dt)
-{
-    return dt == TG_F32 || dt == TG_F64;
-}
 
 /* scale is max(1, max |ref|) over the tensor: f32 kernels may accumulate in
  * f32 (BLAS sgemm) where ref accumulates in double, so an entry that
@@ -153,14 +126,6 @@ typedef struct view_spec {
     int perm[TG_MAX_DIMS];
 } view_spec;
 
-static void release_all(tg_tensor **t, int n)
-{
-    for (int i = 0; i < n; i++) {
-        tg_tensor_release(t[i]);
-        t[i] = NULL;
-    }
-}
-
 /* Per-test counters. */
 static int cases_run;
 
@@ -183,8 +148,8 @@ static void run_case_prec(const tg_op *op, const char *label, int n, tg_tensor *
     tg_error_clear();
     for (int i = 0; i < n; i++) {
         tg_tensor *b = base[i];
-        leaf[0][i] = (p == PREC_F32 && is_float(tg_tensor_dtype(b))) ? tg_cast(b, TG_F32)
-                                                                     : tg_to_device(b, be[0]);
+        leaf[0][i] = (p == PREC_F32 && tu_is_float(tg_tensor_dtype(b))) ? tg_cast(b, TG_F32)
+                                                                        : tg_to_device(b, be[0]);
         leaf[1][i] = leaf[0][i] ? tg_to_device(leaf[0][i], be[1]) : NULL;
         cr_assert(leaf[0][i] && leaf[1][i], "%s [%s]: copying input %d: %s", label, prec_names[p],
                   i, tg_last_error_message());
@@ -194,7 +159,7 @@ static void run_case_prec(const tg_op *op, const char *label, int n, tg_tensor *
         tape[s] = tg_tape_new(NULL);
         cr_assert(tape[s] != NULL);
         for (int i = 0; i < n; i++)
-            if (is_float(tg_tensor_dtype(leaf[s][i])))
+            if (tu_is_float(tg_tensor_dtype(leaf[s][i])))
                 cr_assert_eq(tg_requires_grad(tape[s], leaf[s][i]), TG_OK, "%s",
                              tg_last_error_message());
     }
@@ -248,7 +213,7 @@ static void run_case_prec(const tg_op *op, const char *label, int n, tg_tensor *
                          tg_backend_name(be[s]), tg_strerror(st), tg_last_error_message());
         }
         for (int i = 0; i < n; i++) {
-            if (!is_float(tg_tensor_dtype(leaf[0][i]))) continue;
+            if (!tu_is_float(tg_tensor_dtype(leaf[0][i]))) continue;
             tg_tensor *g[2];
             for (int s = 0; s < 2; s++) {
                 tg_error_clear();
@@ -273,8 +238,8 @@ static void run_case_prec(const tg_op *op, const char *label, int n, tg_tensor *
     for (int s = 0; s < 2; s++) {
         tg_tensor_release(seed[s]);
         tg_tensor_release(out[s]);
-        release_all(in[s], n);
-        release_all(leaf[s], n);
+        tu_release_all(in[s], n);
+        tu_release_all(leaf[s], n);
         tg_tape_free(tape[s]);
     }
     tg_tensor_release(seed_base);
@@ -318,7 +283,7 @@ Test(backends, every_sampled_op_gives_the_same_outputs_and_gradients_on_cpu_as_o
             cr_expect_eq(n, op->arity, "op '%s' case %d: sample returned %d: %s", op->name, k, n,
                          tg_last_error_message());
             if (n != op->arity) {
-                release_all(in, TG_OP_MAX_INPUTS);
+                tu_release_all(in, TG_OP_MAX_INPUTS);
                 break;
             }
             for (int j = 0; j < n; j++)
@@ -327,7 +292,7 @@ Test(backends, every_sampled_op_gives_the_same_outputs_and_gradients_on_cpu_as_o
             char label[96];
             snprintf(label, sizeof label, "op '%s' case %d", op->name, k);
             run_case(op, label, n, in, NULL, &attrs, tg_op_mark(op) == TG_AD_BACKWARD);
-            release_all(in, n);
+            tu_release_all(in, n);
         }
         cr_expect_lt(k, MAX_CASES, "op '%s': sample never returns 0", op->name);
         cr_expect_gt(k, 0, "op '%s' has a sample but no cases", op->name);
@@ -337,7 +302,7 @@ Test(backends, every_sampled_op_gives_the_same_outputs_and_gradients_on_cpu_as_o
     cr_expect_geq(nops, 29, "only %d ops have samples", nops);
     log_margins("sampled ops");
     cr_log_info("sampled ops: %d ops compared", nops);
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 /* ---- Explicit cases, described by data. */
@@ -472,7 +437,7 @@ static void run_table(const bcase *cases, int ncases)
         char label[160];
         snprintf(label, sizeof label, "%s: %s", op->name, bc->label);
         run_case(op, label, bc->n, in, views, &bc->attrs, tg_op_mark(op) == TG_AD_BACKWARD);
-        release_all(in, bc->n);
+        tu_release_all(in, bc->n);
     }
 }
 
@@ -602,7 +567,7 @@ Test(backends, comparisons_and_argmax_give_the_same_results_on_cpu_as_on_ref)
                         op->name);
     }
     log_margins("comparisons");
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 /* ---- The fused backward ops (unmarked): small and large, each of them. */
@@ -729,7 +694,7 @@ Test(backends, fused_backward_ops_give_the_same_results_on_cpu_as_on_ref)
                         op->name);
     }
     log_margins("fused backward ops");
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 /* ---- Larger sizes: the cpu fast paths. */
@@ -806,7 +771,7 @@ Test(backends, large_matmuls_through_blas_match_ref_including_transposed_and_str
     };
     run_table(cases, NCASES(cases));
     log_margins("matmul");
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 Test(backends, large_broadcasting_elementwise_ops_match_ref_on_every_cpu_path)
@@ -912,7 +877,7 @@ Test(backends, large_broadcasting_elementwise_ops_match_ref_on_every_cpu_path)
     };
     run_table(cases, NCASES(cases));
     log_margins("elementwise");
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 Test(backends, large_unary_ops_match_ref_on_cpu)
@@ -972,7 +937,7 @@ Test(backends, large_unary_ops_match_ref_on_cpu)
     };
     run_table(cases, NCASES(cases));
     log_margins("unary");
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 Test(backends, large_reductions_and_dim_ops_match_ref_on_cpu)
@@ -1110,7 +1075,7 @@ Test(backends, large_reductions_and_dim_ops_match_ref_on_cpu)
     };
     run_table(cases, NCASES(cases));
     log_margins("reductions");
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 /* ---- A transposed view operand against its contiguous copy, per backend
@@ -1144,7 +1109,7 @@ static void matmul_view_vs_copy(const int64_t *sa, int na, const int *pa, const 
                      tg_backend_name(be));
             if (view && copy) compare(view, copy, (prec)p, what);
             tg_tensor *to_release[] = {view, copy, Ac, Bc, Av, Bv, A, B};
-            release_all(to_release, 8);
+            tu_release_all(to_release, 8);
             tg_set_default_backend(prev);
         }
 }
@@ -1163,7 +1128,7 @@ Test(backends, matmul_of_a_transposed_view_matches_matmul_of_its_contiguous_copy
                         "batched transpose((4,16,8)) @ transpose((4,12,16))");
     matmul_view_vs_copy((const int64_t[]){8, 4, 16}, 3, r3, (const int64_t[]){16, 12}, 2, NULL,
                         "permute((8,4,16), 1,0,2) @ (16,12)");
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 Test(backends, matmul_of_a_transposed_view_copies_nothing_on_cpu)
@@ -1185,9 +1150,9 @@ Test(backends, matmul_of_a_transposed_view_copies_nothing_on_cpu)
                  "matmul of transposed views allocated %zu bytes at peak; its output is %zu",
                  tg_mem_peak_bytes() - before, out_bytes);
     tg_tensor *to_release[] = {C, At, Bt, A, B};
-    release_all(to_release, 5);
+    tu_release_all(to_release, 5);
     tg_set_default_backend(prev);
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 /* The cpu backend's f32 exp/tanh/sigmoid loops are compiled per vector ISA.
@@ -1253,7 +1218,7 @@ Test(backends, vector_isa_variants_agree_and_the_fma_ones_bitwise)
     cr_expect_eq(tg_cpu_set_vector_isa(NULL), TG_ERR_NULL);
     cr_assert_eq(tg_cpu_set_vector_isa(was), TG_OK);
     tg_set_default_backend(prev);
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }
 
 /* The f32 exp/tanh/sigmoid loops check each 1024-float chunk's range of
@@ -1367,5 +1332,5 @@ Test(backends, vector_math_chunks_give_each_element_the_same_bits)
     }
     cr_assert_eq(tg_cpu_set_vector_isa(was), TG_OK);
     tg_set_default_backend(prev);
-    expect_no_leaks(mem0);
+    tu_expect_no_leaks(mem0);
 }

@@ -3,52 +3,13 @@
 #include <criterion/criterion.h>
 #include <tapegrad.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
 
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define VALS(...) ((const double[]){__VA_ARGS__})
-
-static tg_tensor *vec(int64_t n, const double *v)
-{
-    tg_tensor *t = tg_tensor_from_data(TG_F64, 1, &n, v);
-    cr_assert_not_null(t, "%s", tg_last_error_message());
-    return t;
-}
-
-static void expect_values(const tg_tensor *t, const double *want, int64_t n, double tol)
-{
-    cr_assert_not_null(t, "tensor is NULL (%s: %s)", tg_strerror(tg_last_error()),
-                       tg_last_error_message());
-    cr_assert_eq(tg_tensor_numel(t), n);
-    for (int64_t i = 0; i < n; i++) {
-        double v = NAN;
-        cr_assert_eq(tg_tensor_get(t, i, &v), TG_OK);
-        double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
-        cr_assert(fabs(v - want[i]) <= tol * scale, "element %lld is %.17g, expected %.17g",
-                  (long long)i, v, want[i]);
-    }
-}
-
-static void expect_message_has(const char *needle)
-{
-    const char *msg = tg_last_error_message();
-    cr_assert(strstr(msg, needle) != NULL, "message \"%s\" lacks \"%s\"", msg, needle);
-}
-
-static void setup(void)
-{
-    tg_error_clear();
-    tg_scope_begin();
-}
-
-static void teardown(void)
-{
-    tg_scope_end();
-}
-
-TestSuite(errors, .init = setup, .fini = teardown);
+TestSuite(errors, .init = tu_scope_setup, .fini = tu_scope_teardown);
 
 /* ---- status codes and the last error */
 
@@ -87,11 +48,11 @@ Test(errors, error_clear_forgets_code_and_message)
 Test(errors, errors_are_sticky_across_successful_calls)
 {
     cr_assert_null(tg_exp(NULL));
-    tg_tensor *x = vec(2, VALS(1, 2));
+    tg_tensor *x = tu_vec(2, VALS(1, 2));
     tg_tensor *y = tg_mul(x, x);
     cr_assert_not_null(y);
     cr_assert_eq(tg_last_error(), TG_ERR_NULL, "a successful call cleared the error");
-    expect_message_has("'exp'");
+    tu_expect_message_has("'exp'");
 }
 
 Test(errors, error_set_records_a_user_error)
@@ -105,13 +66,13 @@ Test(errors, error_set_records_a_user_error)
 
 Test(errors, null_propagation_is_sticky_and_names_the_first_op)
 {
-    tg_tensor *x = vec(2, VALS(1, 2));
-    tg_tensor *y = vec(2, VALS(3, 4));
+    tg_tensor *x = tu_vec(2, VALS(1, 2));
+    tg_tensor *y = tu_vec(2, VALS(3, 4));
     tg_tensor *r = tg_add(tg_mul(NULL, x), y);
     cr_assert_null(r);
     cr_assert_eq(tg_last_error(), TG_ERR_NULL);
-    expect_message_has("'mul'");
-    expect_message_has("#1");
+    tu_expect_message_has("'mul'");
+    tu_expect_message_has("#1");
     cr_assert(strstr(tg_last_error_message(), "'add'") == NULL,
               "the outer op overwrote the first error: %s", tg_last_error_message());
 }
@@ -120,21 +81,21 @@ Test(errors, null_propagation_keeps_the_first_non_null_error)
 {
     /* The first failure is a shape error; the NULL it produces must not
      * turn it into TG_ERR_NULL further out. */
-    tg_tensor *a = vec(3, VALS(1, 2, 3));
-    tg_tensor *b = vec(2, VALS(1, 2));
+    tg_tensor *a = tu_vec(3, VALS(1, 2, 3));
+    tg_tensor *b = tu_vec(2, VALS(1, 2));
     tg_tensor *r = tg_exp(tg_sum(tg_mul(tg_add(a, b), a)));
     cr_assert_null(r);
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
-    expect_message_has("'add'");
+    tu_expect_message_has("'add'");
 }
 
 Test(errors, null_second_argument_names_argument_two)
 {
-    tg_tensor *x = vec(2, VALS(1, 2));
+    tg_tensor *x = tu_vec(2, VALS(1, 2));
     cr_assert_null(tg_sub(x, NULL));
     cr_assert_eq(tg_last_error(), TG_ERR_NULL);
-    expect_message_has("#2");
-    expect_message_has("'sub'");
+    tu_expect_message_has("#2");
+    tu_expect_message_has("'sub'");
 }
 
 Test(errors, null_into_accessors_and_backward_fails_with_null)
@@ -167,22 +128,22 @@ Test(errors, shapes_that_do_not_broadcast_fail_with_shape_naming_both)
     tg_tensor *b = tg_zeros(TG_F64, 1, SHAPE(4));
     cr_assert_null(tg_add(a, b));
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
-    expect_message_has("'add'");
-    expect_message_has("[2,3]");
-    expect_message_has("[4]");
+    tu_expect_message_has("'add'");
+    tu_expect_message_has("[2,3]");
+    tu_expect_message_has("[4]");
     tg_error_clear();
     cr_assert_null(tg_mul(tg_zeros(TG_F64, 2, SHAPE(3, 2)), tg_zeros(TG_F64, 2, SHAPE(2, 3))));
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
-    expect_message_has("[3,2]");
-    expect_message_has("[2,3]");
+    tu_expect_message_has("[3,2]");
+    tu_expect_message_has("[2,3]");
 }
 
 Test(errors, matmul_inner_dim_mismatch_fails_with_shape)
 {
     cr_assert_null(tg_matmul(tg_zeros(TG_F64, 2, SHAPE(2, 3)), tg_zeros(TG_F64, 2, SHAPE(4, 2))));
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
-    expect_message_has("[2,3]");
-    expect_message_has("[4,2]");
+    tu_expect_message_has("[2,3]");
+    tu_expect_message_has("[4,2]");
     tg_error_clear();
     cr_assert_null(tg_matmul(tg_zeros(TG_F64, 1, SHAPE(3)), tg_zeros(TG_F64, 2, SHAPE(3, 2))));
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
@@ -194,8 +155,8 @@ Test(errors, mismatched_dtypes_fail_with_dtype)
     tg_tensor *b = tg_zeros(TG_F64, 1, SHAPE(2));
     cr_assert_null(tg_add(a, b));
     cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
-    expect_message_has("f32");
-    expect_message_has("f64");
+    tu_expect_message_has("f32");
+    tu_expect_message_has("f64");
     tg_error_clear();
     cr_assert_null(tg_matmul(tg_zeros(TG_F32, 2, SHAPE(2, 2)), tg_zeros(TG_F64, 2, SHAPE(2, 2))));
     cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
@@ -206,8 +167,8 @@ Test(errors, i64_into_a_floating_op_fails_with_dtype)
     tg_tensor *i = tg_arange(TG_I64, 0, 4, 1);
     cr_assert_null(tg_tanh(i));
     cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
-    expect_message_has("'tanh'");
-    expect_message_has("i64");
+    tu_expect_message_has("'tanh'");
+    tu_expect_message_has("i64");
     const char *names[] = {"exp", "sum", "softmax"};
     tg_tensor *r[3];
     tg_error_clear();
@@ -231,13 +192,13 @@ Test(errors, tensors_on_two_backends_fail_with_device_naming_both)
     tg_set_default_backend(prev);
     cr_assert_null(tg_add(a, b));
     cr_assert_eq(tg_last_error(), TG_ERR_DEVICE);
-    expect_message_has("'ref'");
-    expect_message_has("'cpu'");
-    expect_message_has("'add'");
+    tu_expect_message_has("'ref'");
+    tu_expect_message_has("'cpu'");
+    tu_expect_message_has("'add'");
     /* moving one fixes it */
     tg_error_clear();
     tg_tensor *c = tg_add(tg_to_device(a, TG_BACKEND_CPU), b);
-    expect_values(c, VALS(2, 2), 2, 1e-15);
+    tu_expect_values(c, VALS(2, 2), 2, 1e-15);
     cr_assert_eq(tg_last_error(), TG_OK);
 }
 
@@ -249,12 +210,12 @@ Test(errors, cross_entropy_with_an_out_of_range_target_fails_with_invalid)
     tg_tensor *t2 = tg_tensor_from_data(TG_I64, 1, SHAPE(2), neg);
     cr_assert_null(tg_cross_entropy(logits, t1));
     cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
-    expect_message_has("'cross_entropy'");
-    expect_message_has("3");
+    tu_expect_message_has("'cross_entropy'");
+    tu_expect_message_has("3");
     tg_error_clear();
     cr_assert_null(tg_cross_entropy(logits, t2));
     cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
-    expect_message_has("-1");
+    tu_expect_message_has("-1");
 }
 
 Test(errors, cross_entropy_with_floating_targets_fails_with_dtype)
@@ -356,14 +317,14 @@ Test(errors, unmarked_op_on_a_tracked_input_fails_with_op_name)
 {
     const tg_op *foo = register_foo();
     tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *x = vec(3, VALS(1, 2, 3));
+    tg_tensor *x = tu_vec(3, VALS(1, 2, 3));
     cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
     tg_tensor *in[1] = {x};
     size_t mem = tg_mem_current_bytes();
     tg_tensor *y = tg_op_call(foo, 1, in, NULL);
     cr_assert_null(y);
     cr_assert_eq(tg_last_error(), TG_ERR_NOT_DIFFERENTIABLE);
-    expect_message_has("op 'foo' is not marked for autodiff: input 0 requires grad");
+    tu_expect_message_has("op 'foo' is not marked for autodiff: input 0 requires grad");
     cr_assert_eq(tg_tape_node_count(tape), 0, "the failed call left a node");
     cr_assert_eq(tg_mem_current_bytes(), mem, "the failed call leaked tensor data");
 
@@ -372,7 +333,7 @@ Test(errors, unmarked_op_on_a_tracked_input_fails_with_op_name)
     tg_tensor *loss = tg_sum(tg_mul(x, x));
     cr_assert_not_null(loss, "%s", tg_last_error_message());
     cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
-    expect_values(tg_grad(x), VALS(2, 4, 6), 3, 1e-12);
+    tu_expect_values(tg_grad(x), VALS(2, 4, 6), 3, 1e-12);
     cr_assert_eq(tg_last_error(), TG_OK);
     tg_tape_free(tape);
 }
@@ -381,12 +342,12 @@ Test(errors, unmarked_op_on_an_interior_tracked_input_fails_too)
 {
     const tg_op *foo = register_foo();
     tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *x = vec(2, VALS(1, 2));
+    tg_tensor *x = tu_vec(2, VALS(1, 2));
     tg_requires_grad(tape, x);
     tg_tensor *in[1] = {tg_exp(x)};
     cr_assert_null(tg_op_call(foo, 1, in, NULL));
     cr_assert_eq(tg_last_error(), TG_ERR_NOT_DIFFERENTIABLE);
-    expect_message_has("'foo'");
+    tu_expect_message_has("'foo'");
     cr_assert_eq(tg_tape_node_count(tape), 1);
     tg_tape_free(tape);
 }
@@ -400,31 +361,31 @@ Test(errors, unmarked_op_names_the_tracked_input_by_index)
     cr_assert_eq(tg_op_register(&bar), TG_OK);
     const tg_op *op = tg_op_find("bar");
     tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *a = vec(2, VALS(5, 6));
-    tg_tensor *b = vec(2, VALS(1, 2));
+    tg_tensor *a = tu_vec(2, VALS(5, 6));
+    tg_tensor *b = tu_vec(2, VALS(1, 2));
     tg_requires_grad(tape, b);
     tg_tensor *in[2] = {a, b};
     cr_assert_null(tg_op_call(op, 2, in, NULL));
     cr_assert_eq(tg_last_error(), TG_ERR_NOT_DIFFERENTIABLE);
-    expect_message_has("op 'bar' is not marked for autodiff: input 1 requires grad");
+    tu_expect_message_has("op 'bar' is not marked for autodiff: input 1 requires grad");
     tg_tape_free(tape);
 }
 
 Test(errors, unmarked_op_on_an_untracked_or_detached_input_runs)
 {
     const tg_op *foo = register_foo();
-    tg_tensor *u = vec(3, VALS(1, -2, 0.5));
+    tg_tensor *u = tu_vec(3, VALS(1, -2, 0.5));
     tg_tensor *in[1] = {u};
     tg_tensor *y = tg_op_call(foo, 1, in, NULL);
-    expect_values(y, VALS(3, -3, 2), 3, 1e-15);
+    tu_expect_values(y, VALS(3, -3, 2), 3, 1e-15);
     cr_assert_not(tg_tensor_requires_grad(y));
 
     tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *x = vec(2, VALS(4, 5));
+    tg_tensor *x = tu_vec(2, VALS(4, 5));
     tg_requires_grad(tape, x);
     tg_tensor *din[1] = {tg_detach(x)};
     tg_tensor *z = tg_op_call(foo, 1, din, NULL);
-    expect_values(z, VALS(9, 11), 2, 1e-15);
+    tu_expect_values(z, VALS(9, 11), 2, 1e-15);
     cr_assert_not(tg_tensor_requires_grad(z));
     cr_assert_eq(tg_tape_node_count(tape), 0);
     cr_assert_eq(tg_last_error(), TG_OK);
@@ -434,7 +395,7 @@ Test(errors, unmarked_op_on_an_untracked_or_detached_input_runs)
     tg_tensor *xin[1] = {x};
     tg_tensor *w = tg_op_call(foo, 1, xin, NULL);
     tg_grad_set_enabled(prev);
-    expect_values(w, VALS(9, 11), 2, 1e-15);
+    tu_expect_values(w, VALS(9, 11), 2, 1e-15);
     tg_tape_free(tape);
 }
 
@@ -444,7 +405,7 @@ Test(errors, unmarked_op_shape_rule_errors_come_through)
     tg_tensor *in[1] = {tg_zeros(TG_F32, 1, SHAPE(2))};
     cr_assert_null(tg_op_call(foo, 1, in, NULL));
     cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
-    expect_message_has("'foo'");
+    tu_expect_message_has("'foo'");
 }
 
 Test(errors, user_op_with_a_backward_is_recorded_and_differentiated)
@@ -457,15 +418,15 @@ Test(errors, user_op_with_a_backward_is_recorded_and_differentiated)
     const tg_op *op = tg_op_find("foo_with_backward");
     cr_assert_eq(tg_op_mark(op), TG_AD_BACKWARD);
     tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *x = vec(2, VALS(1, 3));
+    tg_tensor *x = tu_vec(2, VALS(1, 3));
     tg_requires_grad(tape, x);
     tg_tensor *in[1] = {x};
     tg_tensor *y = tg_op_call(op, 1, in, NULL);
-    expect_values(y, VALS(3, 7), 2, 1e-15);
+    tu_expect_values(y, VALS(3, 7), 2, 1e-15);
     cr_assert(tg_tensor_requires_grad(y));
     /* L = sum(foo(x)^2) -> dL/dx = 2 foo(x) * 2 */
     cr_assert_eq(tg_backward(tg_sum(tg_mul(y, y))), TG_OK, "%s", tg_last_error_message());
-    expect_values(tg_grad(x), VALS(12, 28), 2, 1e-12);
+    tu_expect_values(tg_grad(x), VALS(12, 28), 2, 1e-12);
     tg_tape_free(tape);
 }
 
@@ -478,11 +439,11 @@ Test(errors, nondifferentiable_user_op_on_a_tracked_input_gives_an_untracked_res
     const tg_op *op = tg_op_find("foo_nondiff");
     cr_assert_eq(tg_op_mark(op), TG_AD_NONDIFFERENTIABLE);
     tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *x = vec(2, VALS(1, 3));
+    tg_tensor *x = tu_vec(2, VALS(1, 3));
     tg_requires_grad(tape, x);
     tg_tensor *in[1] = {x};
     tg_tensor *y = tg_op_call(op, 1, in, NULL);
-    expect_values(y, VALS(3, 7), 2, 1e-15);
+    tu_expect_values(y, VALS(3, 7), 2, 1e-15);
     cr_assert_not(tg_tensor_requires_grad(y));
     cr_assert_eq(tg_tape_node_count(tape), 0);
     tg_tape_free(tape);
@@ -494,7 +455,7 @@ Test(errors, register_rejects_a_duplicate_name_with_exists)
     int n = tg_op_count();
     cr_assert_eq(tg_op_register(&foo_def), TG_ERR_EXISTS);
     cr_assert_eq(tg_last_error(), TG_ERR_EXISTS);
-    expect_message_has("'foo'");
+    tu_expect_message_has("'foo'");
     cr_assert_eq(tg_op_count(), n);
     tg_op builtin = foo_def;
     builtin.name = "matmul";
@@ -574,7 +535,7 @@ Test(errors, register_copies_the_definition_and_its_name)
 Test(errors, op_call_with_the_wrong_number_of_inputs_fails_with_invalid)
 {
     const tg_op *foo = register_foo();
-    tg_tensor *in[2] = {vec(1, VALS(1)), vec(1, VALS(2))};
+    tg_tensor *in[2] = {tu_vec(1, VALS(1)), tu_vec(1, VALS(2))};
     cr_assert_null(tg_op_call(foo, 2, in, NULL));
     cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
     tg_error_clear();
@@ -602,10 +563,10 @@ Test(errors, builtin_marks_match_the_design)
 Test(errors, comparisons_on_tracked_inputs_are_untracked)
 {
     tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *x = vec(3, VALS(1, 5, 3));
+    tg_tensor *x = tu_vec(3, VALS(1, 5, 3));
     tg_requires_grad(tape, x);
-    tg_tensor *g = tg_gt(x, vec(3, VALS(2, 2, 2)));
-    expect_values(g, VALS(0, 1, 1), 3, 1e-15);
+    tg_tensor *g = tg_gt(x, tu_vec(3, VALS(2, 2, 2)));
+    tu_expect_values(g, VALS(0, 1, 1), 3, 1e-15);
     cr_assert_not(tg_tensor_requires_grad(g));
     tg_tensor *am = tg_argmax(x, 0, false);
     cr_assert_not(tg_tensor_requires_grad(am));
@@ -657,5 +618,5 @@ Test(errors, last_error_is_per_thread)
     cr_assert_eq(r.after, TG_ERR_NULL);
     cr_assert(strstr(r.message, "'exp'") != NULL, "thread message: %s", r.message);
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE, "the thread's error leaked into the main thread");
-    expect_message_has("'add'");
+    tu_expect_message_has("'add'");
 }

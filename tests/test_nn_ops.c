@@ -6,28 +6,13 @@
 #include <criterion/criterion.h>
 #include <tapegrad.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <string.h>
 
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define VALS(...) ((const double[]){__VA_ARGS__})
-#define NV(...) ((int64_t)(sizeof(VALS(__VA_ARGS__)) / sizeof(double)))
-
 static const tg_backend backends[2] = {TG_BACKEND_REF, TG_BACKEND_CPU};
 static const tg_dtype dtypes[2] = {TG_F32, TG_F64};
-
-/* Tensor of dtype on the current default backend from double values. */
-static tg_tensor *make(tg_dtype dt, int ndim, const int64_t *shape, const double *v)
-{
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    tg_tensor *t = tg_tensor_from_data(TG_F64, ndim, shape, v);
-    cr_assert_not_null(t, "%s", tg_last_error_message());
-    if (dt != TG_F64) t = tg_cast(t, dt);
-    cr_assert_not_null(t, "%s", tg_last_error_message());
-    (void)n;
-    return t;
-}
 
 static tg_tensor *iota(tg_dtype dt, int ndim, const int64_t *shape, double start)
 {
@@ -36,32 +21,7 @@ static tg_tensor *iota(tg_dtype dt, int ndim, const int64_t *shape, double start
     for (int i = 0; i < ndim; i++) n *= shape[i];
     cr_assert(n <= 256);
     for (int64_t i = 0; i < n; i++) v[i] = start + (double)i;
-    return make(dt, ndim, shape, v);
-}
-
-static void expect_values(const tg_tensor *t, const double *want, int64_t n, double tol)
-{
-    cr_assert_not_null(t, "tensor is NULL (%s: %s)", tg_strerror(tg_last_error()),
-                       tg_last_error_message());
-    cr_assert_eq(tg_tensor_numel(t), n, "numel %lld, expected %lld", (long long)tg_tensor_numel(t),
-                 (long long)n);
-    for (int64_t i = 0; i < n; i++) {
-        double v = NAN;
-        cr_assert_eq(tg_tensor_get(t, i, &v), TG_OK);
-        double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
-        cr_assert(fabs(v - want[i]) <= tol * scale, "%s %s element %lld is %.17g, expected %.17g",
-                  tg_backend_name(tg_tensor_backend(t)), tg_dtype_name(tg_tensor_dtype(t)),
-                  (long long)i, v, want[i]);
-    }
-}
-
-static void expect_shape(const tg_tensor *t, int ndim, const int64_t *shape)
-{
-    cr_assert_not_null(t, "%s", tg_last_error_message());
-    cr_assert_eq(tg_tensor_ndim(t), ndim);
-    for (int i = 0; i < ndim; i++)
-        cr_assert_eq(tg_tensor_shape(t)[i], shape[i], "dim %d is %lld, expected %lld", i,
-                     (long long)tg_tensor_shape(t)[i], (long long)shape[i]);
+    return tu_tensor(dt, ndim, shape, v);
 }
 
 static double tol_of(tg_dtype dt)
@@ -103,13 +63,13 @@ Test(nn_ops, conv2d_of_a_3x3_image_with_a_2x2_kernel_and_bias)
 {
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 3, 3), 1);
-        tg_tensor *w = make(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
-        tg_tensor *b = make(dt, 1, SHAPE(1), VALS(1));
+        tg_tensor *w = tu_tensor(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
+        tg_tensor *b = tu_tensor(dt, 1, SHAPE(1), VALS(1));
         tg_tensor *y = tg_conv2d(x, w, b, NULL);
-        expect_shape(y, 4, SHAPE(1, 1, 2, 2));
+        tu_expect_shape(y, 4, SHAPE(1, 1, 2, 2));
         cr_assert_eq(tg_tensor_backend(y), be);
-        expect_values(y, VALS(38, 48, 68, 78), 4, tol_of(dt));
-        expect_values(tg_conv2d(x, w, NULL, NULL), VALS(37, 47, 67, 77), 4, tol_of(dt));
+        tu_expect_values(y, VALS(38, 48, 68, 78), 4, tol_of(dt));
+        tu_expect_values(tg_conv2d(x, w, NULL, NULL), VALS(37, 47, 67, 77), 4, tol_of(dt));
     }
 }
 
@@ -121,10 +81,10 @@ Test(nn_ops, conv2d_with_stride_2_padding_1_dilation_2)
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
         tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 5, 5), 0);
-        tg_tensor *w = make(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
+        tg_tensor *w = tu_tensor(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
         tg_tensor *y = tg_conv2d(x, w, NULL, &o);
-        expect_shape(y, 4, SHAPE(1, 1, 3, 3));
-        expect_values(y, VALS(24, 50, 24, 76, 142, 62, 32, 52, 18), 9, tol_of(dt));
+        tu_expect_shape(y, 4, SHAPE(1, 1, 3, 3));
+        tu_expect_values(y, VALS(24, 50, 24, 76, 142, 62, 32, 52, 18), 9, tol_of(dt));
     }
 }
 
@@ -133,12 +93,12 @@ Test(nn_ops, conv2d_with_two_groups_and_a_1x1_kernel)
     /* Channel pairs: out 0 = 1*x0 + 2*x1, out 1 = 3*x2 - x3. */
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
-        tg_tensor *x = make(dt, 4, SHAPE(1, 4, 1, 2), VALS(1, 2, 3, 4, 5, 6, 7, 8));
-        tg_tensor *w = make(dt, 4, SHAPE(2, 2, 1, 1), VALS(1, 2, 3, -1));
+        tg_tensor *x = tu_tensor(dt, 4, SHAPE(1, 4, 1, 2), VALS(1, 2, 3, 4, 5, 6, 7, 8));
+        tg_tensor *w = tu_tensor(dt, 4, SHAPE(2, 2, 1, 1), VALS(1, 2, 3, -1));
         tg_conv2d_opts o = {.groups = 2};
         tg_tensor *y = tg_conv2d(x, w, NULL, &o);
-        expect_shape(y, 4, SHAPE(1, 2, 1, 2));
-        expect_values(y, VALS(7, 10, 8, 10), 4, tol_of(dt));
+        tu_expect_shape(y, 4, SHAPE(1, 2, 1, 2));
+        tu_expect_values(y, VALS(7, 10, 8, 10), 4, tol_of(dt));
     }
 }
 
@@ -149,16 +109,16 @@ Test(nn_ops, conv2d_gradients_of_the_sum_are_hand_computed)
         if (dt != TG_F64) continue; /* leaves of f64 suffice; values are exact */
         tg_tape *tape = tg_tape_new(NULL);
         tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 3, 3), 1);
-        tg_tensor *w = make(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
-        tg_tensor *b = make(dt, 1, SHAPE(1), VALS(1));
+        tg_tensor *w = tu_tensor(dt, 4, SHAPE(1, 1, 2, 2), VALS(1, 2, 3, 4));
+        tg_tensor *b = tu_tensor(dt, 1, SHAPE(1), VALS(1));
         cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
         cr_assert_eq(tg_requires_grad(tape, w), TG_OK);
         cr_assert_eq(tg_requires_grad(tape, b), TG_OK);
         cr_assert_eq(tg_backward(tg_sum(tg_conv2d(x, w, b, NULL))), TG_OK, "%s",
                      tg_last_error_message());
-        expect_values(tg_grad(x), VALS(1, 3, 2, 4, 10, 6, 3, 7, 4), 9, 1e-12);
-        expect_values(tg_grad(w), VALS(12, 16, 24, 28), 4, 1e-12);
-        expect_values(tg_grad(b), VALS(4), 1, 1e-12);
+        tu_expect_values(tg_grad(x), VALS(1, 3, 2, 4, 10, 6, 3, 7, 4), 9, 1e-12);
+        tu_expect_values(tg_grad(w), VALS(12, 16, 24, 28), 4, 1e-12);
+        tu_expect_values(tg_grad(b), VALS(4), 1, 1e-12);
         tg_tape_free(tape);
     }
 }
@@ -234,19 +194,19 @@ Test(nn_ops, conv2d_matches_a_direct_convolution_forward_and_backward)
         FOR_EACH_BACKEND_DTYPE(be, dt) {
             (void)be;
             tg_tape *tape = tg_tape_new(NULL);
-            tg_tensor *tx = make(dt, 4, SHAPE(c->N, c->C, c->H, c->W), x);
-            tg_tensor *tw = make(dt, 4, SHAPE(c->O, c->C / c->G, c->KH, c->KW), w);
-            tg_tensor *tb = make(dt, 1, SHAPE(c->O), b);
-            tg_tensor *seed = make(dt, 4, SHAPE(c->N, c->O, OH, OW), gy);
+            tg_tensor *tx = tu_tensor(dt, 4, SHAPE(c->N, c->C, c->H, c->W), x);
+            tg_tensor *tw = tu_tensor(dt, 4, SHAPE(c->O, c->C / c->G, c->KH, c->KW), w);
+            tg_tensor *tb = tu_tensor(dt, 1, SHAPE(c->O), b);
+            tg_tensor *seed = tu_tensor(dt, 4, SHAPE(c->N, c->O, OH, OW), gy);
             cr_assert_eq(tg_requires_grad(tape, tx), TG_OK);
             cr_assert_eq(tg_requires_grad(tape, tw), TG_OK);
             tg_tensor *ty = tg_conv2d(tx, tw, tb, &o);
-            expect_shape(ty, 4, SHAPE(c->N, c->O, OH, OW));
+            tu_expect_shape(ty, 4, SHAPE(c->N, c->O, OH, OW));
             double tol = dt == TG_F32 ? 1e-5 : 1e-12;
-            expect_values(ty, y, ny, tol);
+            tu_expect_values(ty, y, ny, tol);
             cr_assert_eq(tg_backward_seed(ty, seed), TG_OK, "%s", tg_last_error_message());
-            expect_values(tg_grad(tx), gx, nx, tol);
-            expect_values(tg_grad(tw), gw, nw, tol);
+            tu_expect_values(tg_grad(tx), gx, nx, tol);
+            tu_expect_values(tg_grad(tw), gw, nw, tol);
             tg_tape_free(tape);
         }
     }
@@ -260,14 +220,14 @@ Test(nn_ops, max_pool2d_picks_window_maxima_and_routes_the_gradient_there)
     tg_pool2d_opts o3 = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
-        tg_tensor *x = make(dt, 4, SHAPE(1, 1, 4, 4),
-                            VALS(1, 5, 2, 0, 3, -1, 7, 6, 0, 0, -2, -3, 9, 4, -4, -1));
+        tg_tensor *x = tu_tensor(dt, 4, SHAPE(1, 1, 4, 4),
+                                 VALS(1, 5, 2, 0, 3, -1, 7, 6, 0, 0, -2, -3, 9, 4, -4, -1));
         tg_tensor *y = tg_max_pool2d(x, &o2);
-        expect_shape(y, 4, SHAPE(1, 1, 2, 2));
-        expect_values(y, VALS(5, 7, 9, -1), 4, 0);
+        tu_expect_shape(y, 4, SHAPE(1, 1, 2, 2));
+        tu_expect_values(y, VALS(5, 7, 9, -1), 4, 0);
         /* x[h][w] = 4h + w grows to the bottom right of each window. */
-        expect_values(tg_max_pool2d(iota(dt, 4, SHAPE(1, 1, 4, 4), 0), &o3), VALS(5, 7, 13, 15), 4,
-                      0);
+        tu_expect_values(tg_max_pool2d(iota(dt, 4, SHAPE(1, 1, 4, 4), 0), &o3), VALS(5, 7, 13, 15),
+                         4, 0);
     }
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
@@ -275,13 +235,13 @@ Test(nn_ops, max_pool2d_picks_window_maxima_and_routes_the_gradient_there)
         /* Overlapping 2x2 stride-1 windows all pick the centre: its
          * gradient accumulates four times. */
         tg_tape *tape = tg_tape_new(NULL);
-        tg_tensor *x = make(dt, 4, SHAPE(1, 1, 3, 3), VALS(1, 2, 3, 4, 9, 5, 6, 7, 8));
+        tg_tensor *x = tu_tensor(dt, 4, SHAPE(1, 1, 3, 3), VALS(1, 2, 3, 4, 9, 5, 6, 7, 8));
         cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
         tg_pool2d_opts o = {.kernel = {2, 2}, .stride = {1, 1}};
         tg_tensor *y = tg_max_pool2d(x, &o);
-        expect_values(y, VALS(9, 9, 9, 9), 4, 0);
+        tu_expect_values(y, VALS(9, 9, 9, 9), 4, 0);
         cr_assert_eq(tg_backward(tg_sum(y)), TG_OK, "%s", tg_last_error_message());
-        expect_values(tg_grad(x), VALS(0, 0, 0, 0, 4, 0, 0, 0, 0), 9, 0);
+        tu_expect_values(tg_grad(x), VALS(0, 0, 0, 0, 4, 0, 0, 0, 0), 9, 0);
         tg_tape_free(tape);
     }
 }
@@ -295,11 +255,11 @@ Test(nn_ops, avg_pool2d_counts_padding_by_default_and_can_exclude_it)
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
         tg_tensor *x = iota(dt, 4, SHAPE(1, 1, 3, 3), 1);
-        expect_values(tg_avg_pool2d(x, &o), VALS(3, 4, 6, 7), 4, tol_of(dt));
+        tu_expect_values(tg_avg_pool2d(x, &o), VALS(3, 4, 6, 7), 4, tol_of(dt));
         tg_tensor *y = tg_avg_pool2d(x, &pad);
-        expect_shape(y, 4, SHAPE(1, 1, 2, 2));
-        expect_values(y, VALS(0.25, 1.25, 2.75, 7), 4, tol_of(dt));
-        expect_values(tg_avg_pool2d(x, &excl), VALS(1, 2.5, 5.5, 7), 4, tol_of(dt));
+        tu_expect_shape(y, 4, SHAPE(1, 1, 2, 2));
+        tu_expect_values(y, VALS(0.25, 1.25, 2.75, 7), 4, tol_of(dt));
+        tu_expect_values(tg_avg_pool2d(x, &excl), VALS(1, 2.5, 5.5, 7), 4, tol_of(dt));
     }
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
@@ -309,7 +269,7 @@ Test(nn_ops, avg_pool2d_counts_padding_by_default_and_can_exclude_it)
         cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
         cr_assert_eq(tg_backward(tg_sum(tg_avg_pool2d(x, &o))), TG_OK, "%s",
                      tg_last_error_message());
-        expect_values(tg_grad(x), VALS(0.25, 0.5, 0.25, 0.5, 1, 0.5, 0.25, 0.5, 0.25), 9, 1e-15);
+        tu_expect_values(tg_grad(x), VALS(0.25, 0.5, 0.25, 0.5, 1, 0.5, 0.25, 0.5, 0.25), 9, 1e-15);
         tg_tape_free(tape);
     }
 }
@@ -321,20 +281,20 @@ Test(nn_ops, layer_norm_over_the_last_dim_and_the_last_two)
     double r = sqrt(1.5), s5 = sqrt(5.0);
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
-        tg_tensor *x = make(dt, 2, SHAPE(2, 3), VALS(1, 2, 3, 2, 4, 6));
-        expect_values(tg_layer_norm(x, 1, NULL, NULL, 0.0), VALS(-r, 0, r, -r, 0, r), 6,
-                      tol_of(dt));
-        tg_tensor *w = make(dt, 1, SHAPE(3), VALS(1, 2, 3));
-        tg_tensor *b = make(dt, 1, SHAPE(3), VALS(0, 1, 0));
+        tg_tensor *x = tu_tensor(dt, 2, SHAPE(2, 3), VALS(1, 2, 3, 2, 4, 6));
+        tu_expect_values(tg_layer_norm(x, 1, NULL, NULL, 0.0), VALS(-r, 0, r, -r, 0, r), 6,
+                         tol_of(dt));
+        tg_tensor *w = tu_tensor(dt, 1, SHAPE(3), VALS(1, 2, 3));
+        tg_tensor *b = tu_tensor(dt, 1, SHAPE(3), VALS(0, 1, 0));
         tg_tensor *y = tg_layer_norm(x, 1, w, b, 0.0);
-        expect_shape(y, 2, SHAPE(2, 3));
-        expect_values(y, VALS(-r, 1, 3 * r, -r, 1, 3 * r), 6, tol_of(dt));
-        tg_tensor *x3 = make(dt, 3, SHAPE(1, 2, 2), VALS(0, 2, 4, 6));
-        expect_values(tg_layer_norm(x3, 2, NULL, NULL, 0.0), VALS(-3 / s5, -1 / s5, 1 / s5, 3 / s5),
-                      4, tol_of(dt));
+        tu_expect_shape(y, 2, SHAPE(2, 3));
+        tu_expect_values(y, VALS(-r, 1, 3 * r, -r, 1, 3 * r), 6, tol_of(dt));
+        tg_tensor *x3 = tu_tensor(dt, 3, SHAPE(1, 2, 2), VALS(0, 2, 4, 6));
+        tu_expect_values(tg_layer_norm(x3, 2, NULL, NULL, 0.0),
+                         VALS(-3 / s5, -1 / s5, 1 / s5, 3 / s5), 4, tol_of(dt));
         /* eps enters under the root: var 1 + eps 3 halves the output. */
-        tg_tensor *x2 = make(dt, 1, SHAPE(2), VALS(-1, 1));
-        expect_values(tg_layer_norm(x2, 1, NULL, NULL, 3.0), VALS(-0.5, 0.5), 2, tol_of(dt));
+        tg_tensor *x2 = tu_tensor(dt, 1, SHAPE(2), VALS(-1, 1));
+        tu_expect_values(tg_layer_norm(x2, 1, NULL, NULL, 3.0), VALS(-0.5, 0.5), 2, tol_of(dt));
     }
 }
 
@@ -345,24 +305,24 @@ Test(nn_ops, batch_norm_training_uses_batch_statistics_and_updates_running_ones)
     double a = 1.5 / sqrt(1.25), c = 0.5 / sqrt(1.25);
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
-        tg_tensor *x = make(dt, 2, SHAPE(4, 2), VALS(1, 0, 2, 0, 3, 4, 4, 4));
-        tg_tensor *rm = make(dt, 1, SHAPE(2), VALS(0, 0));
-        tg_tensor *rv = make(dt, 1, SHAPE(2), VALS(1, 1));
+        tg_tensor *x = tu_tensor(dt, 2, SHAPE(4, 2), VALS(1, 0, 2, 0, 3, 4, 4, 4));
+        tg_tensor *rm = tu_tensor(dt, 1, SHAPE(2), VALS(0, 0));
+        tg_tensor *rv = tu_tensor(dt, 1, SHAPE(2), VALS(1, 1));
         tg_tensor *y = tg_batch_norm(x, NULL, NULL, rm, rv, true, 0.1, 0.0);
-        expect_shape(y, 2, SHAPE(4, 2));
-        expect_values(y, VALS(-a, -1, -c, -1, c, 1, a, 1), 8, tol_of(dt));
+        tu_expect_shape(y, 2, SHAPE(4, 2));
+        tu_expect_values(y, VALS(-a, -1, -c, -1, c, 1, a, 1), 8, tol_of(dt));
         /* Means 2.5 and 2; unbiased variances 5/3 and 16/3. */
-        expect_values(rm, VALS(0.25, 0.2), 2, tol_of(dt));
-        expect_values(rv, VALS(0.9 + 0.5 / 3, 0.9 + 1.6 / 3), 2, tol_of(dt));
+        tu_expect_values(rm, VALS(0.25, 0.2), 2, tol_of(dt));
+        tu_expect_values(rv, VALS(0.9 + 0.5 / 3, 0.9 + 1.6 / 3), 2, tol_of(dt));
         /* A second step applies the momentum again. */
         tg_batch_norm(x, NULL, NULL, rm, rv, true, 0.1, 0.0);
-        expect_values(rm, VALS(0.9 * 0.25 + 0.25, 0.9 * 0.2 + 0.2), 2, tol_of(dt));
+        tu_expect_values(rm, VALS(0.9 * 0.25 + 0.25, 0.9 * 0.2 + 0.2), 2, tol_of(dt));
         /* Affine, NCHW: channel 1 gets weight 2 and bias -1. */
-        tg_tensor *x4 = make(dt, 4, SHAPE(2, 2, 1, 1), VALS(1, 5, 3, 7));
-        tg_tensor *w = make(dt, 1, SHAPE(2), VALS(1, 2));
-        tg_tensor *b = make(dt, 1, SHAPE(2), VALS(0, -1));
-        expect_values(tg_batch_norm(x4, w, b, NULL, NULL, true, 0.1, 0.0), VALS(-1, -3, 1, 1), 4,
-                      tol_of(dt));
+        tg_tensor *x4 = tu_tensor(dt, 4, SHAPE(2, 2, 1, 1), VALS(1, 5, 3, 7));
+        tg_tensor *w = tu_tensor(dt, 1, SHAPE(2), VALS(1, 2));
+        tg_tensor *b = tu_tensor(dt, 1, SHAPE(2), VALS(0, -1));
+        tu_expect_values(tg_batch_norm(x4, w, b, NULL, NULL, true, 0.1, 0.0), VALS(-1, -3, 1, 1), 4,
+                         tol_of(dt));
     }
 }
 
@@ -370,18 +330,18 @@ Test(nn_ops, batch_norm_evaluation_uses_running_statistics_and_leaves_them_alone
 {
     FOR_EACH_BACKEND_DTYPE(be, dt) {
         (void)be;
-        tg_tensor *x = make(dt, 2, SHAPE(4, 2), VALS(1, 0, 2, 0, 3, 4, 4, 4));
-        tg_tensor *rm = make(dt, 1, SHAPE(2), VALS(1, 2));
-        tg_tensor *rv = make(dt, 1, SHAPE(2), VALS(4, 0.25));
-        tg_tensor *w = make(dt, 1, SHAPE(2), VALS(2, 1));
-        tg_tensor *b = make(dt, 1, SHAPE(2), VALS(0.5, -1));
+        tg_tensor *x = tu_tensor(dt, 2, SHAPE(4, 2), VALS(1, 0, 2, 0, 3, 4, 4, 4));
+        tg_tensor *rm = tu_tensor(dt, 1, SHAPE(2), VALS(1, 2));
+        tg_tensor *rv = tu_tensor(dt, 1, SHAPE(2), VALS(4, 0.25));
+        tg_tensor *w = tu_tensor(dt, 1, SHAPE(2), VALS(2, 1));
+        tg_tensor *b = tu_tensor(dt, 1, SHAPE(2), VALS(0.5, -1));
         tg_tensor *y = tg_batch_norm(x, w, b, rm, rv, false, 0.1, 0.0);
-        expect_shape(y, 2, SHAPE(4, 2));
-        expect_values(y, VALS(0.5, -5, 1.5, -5, 2.5, 3, 3.5, 3), 8, tol_of(dt));
-        expect_values(tg_batch_norm(x, NULL, NULL, rm, rv, false, 0.1, 0.0),
-                      VALS(0, -4, 0.5, -4, 1, 4, 1.5, 4), 8, tol_of(dt));
-        expect_values(rm, VALS(1, 2), 2, 0);
-        expect_values(rv, VALS(4, 0.25), 2, 0);
+        tu_expect_shape(y, 2, SHAPE(4, 2));
+        tu_expect_values(y, VALS(0.5, -5, 1.5, -5, 2.5, 3, 3.5, 3), 8, tol_of(dt));
+        tu_expect_values(tg_batch_norm(x, NULL, NULL, rm, rv, false, 0.1, 0.0),
+                         VALS(0, -4, 0.5, -4, 1, 4, 1.5, 4), 8, tol_of(dt));
+        tu_expect_values(rm, VALS(1, 2), 2, 0);
+        tu_expect_values(rv, VALS(4, 0.25), 2, 0);
     }
 }
 
@@ -465,7 +425,7 @@ Test(nn_ops, a_small_cnn_trains_end_to_end_through_every_op)
     tg_tensor *h = tg_relu(tg_batch_norm(tg_conv2d(x, w, NULL, &co), g, NULL, rm, rv, true, 0.1,
                                          1e-5));
     tg_tensor *out = tg_avg_pool2d(tg_layer_norm(tg_max_pool2d(h, &mp), 2, NULL, NULL, 1e-5), &ap);
-    expect_shape(out, 4, SHAPE(4, 4, 2, 2));
+    tu_expect_shape(out, 4, SHAPE(4, 4, 2, 2));
     cr_assert_eq(tg_backward(tg_sum(tg_mul(out, out))), TG_OK, "%s", tg_last_error_message());
     for (int k = 0; k < 2; k++) {
         tg_tensor *gr = tg_grad(k ? g : w);
@@ -642,8 +602,8 @@ Test(nn_ops, batch_norm_rejects_missing_or_bad_running_statistics)
                                  1e-5));
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
     /* Failed calls changed no running statistic. */
-    expect_values(rm, VALS(0, 0, 0), 3, 0);
-    expect_values(rv, VALS(1, 1, 1), 3, 0);
+    tu_expect_values(rm, VALS(0, 0, 0), 3, 0);
+    tu_expect_values(rv, VALS(1, 1, 1), 3, 0);
 }
 
 Test(nn_ops, fused_backward_ops_are_unmarked_and_registered)

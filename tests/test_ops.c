@@ -4,48 +4,14 @@
 #include <criterion/criterion.h>
 #include <tapegrad.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <string.h>
 
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define NSHAPE(...) ((int)(sizeof(SHAPE(__VA_ARGS__)) / sizeof(int64_t)))
-#define VALS(...) ((const double[]){__VA_ARGS__})
-#define NVALS(...) ((int64_t)(sizeof(VALS(__VA_ARGS__)) / sizeof(double)))
-#define DIMS(...) ((const int[]){__VA_ARGS__})
 #define EULER 2.718281828459045
-#define NDIMS(...) ((int)(sizeof(DIMS(__VA_ARGS__)) / sizeof(int)))
 
-/* Tensor literals: T(dtype, (shape...), values...) */
-#define TS(dt, shp, ...) make((dt), NSHAPE shp, SHAPE shp, VALS(__VA_ARGS__), NVALS(__VA_ARGS__))
-#define T64(shp, ...) TS(TG_F64, shp, __VA_ARGS__)
-#define T32(shp, ...) TS(TG_F32, shp, __VA_ARGS__)
-/* EXPECT(t, (shape...), tol, values...) */
-#define EXPECT(t, shp, tol, ...)                                                                   \
-    expect_tensor(__LINE__, (t), NSHAPE shp, SHAPE shp, VALS(__VA_ARGS__), NVALS(__VA_ARGS__),   \
-                  (tol))
-#define EXPECT0(t, tol, v) expect_tensor(__LINE__, (t), 0, NULL, VALS(v), 1, (tol))
-
-static tg_backend cur; /* backend of the running check */
-
-static tg_tensor *make(tg_dtype dt, int ndim, const int64_t *shape, const double *v, int64_t n)
-{
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) numel *= shape[i];
-    cr_assert_eq(numel, n, "literal has %lld values for %lld elements", (long long)n,
-                 (long long)numel);
-    tg_tensor *t = tg_zeros(dt, ndim, shape);
-    cr_assert_not_null(t, "%s", tg_last_error_message());
-    if (n == 0) return t;
-    void *p = tg_tensor_data(t);
-    for (int64_t i = 0; i < n; i++) {
-        switch (dt) {
-        case TG_F32: ((float *)p)[i] = (float)v[i]; break;
-        case TG_F64: ((double *)p)[i] = v[i]; break;
-        case TG_I64: ((int64_t *)p)[i] = (int64_t)v[i]; break;
-        }
-    }
-    return t;
-}
+/* Tensor literals (T64, T32) and EXPECT / EXPECT0 come from test_util.h. */
 
 static tg_tensor *targets(int64_t n, const int64_t *v)
 {
@@ -54,63 +20,12 @@ static tg_tensor *targets(int64_t n, const int64_t *v)
     return t;
 }
 
-/* Shape, backend and values (|got - want| <= tol * max(1, |want|)). */
-static void expect_tensor(int line, const tg_tensor *t, int ndim, const int64_t *shape,
-                          const double *want, int64_t n, double tol)
-{
-    const char *be = tg_backend_name(cur);
-    cr_assert_not_null(t, "line %d [%s]: NULL result (%s: %s)", line, be,
-                       tg_strerror(tg_last_error()), tg_last_error_message());
-    cr_assert_eq(tg_tensor_ndim(t), ndim, "line %d [%s]: ndim %d, expected %d", line, be,
-                 tg_tensor_ndim(t), ndim);
-    for (int i = 0; i < ndim; i++)
-        cr_assert_eq(tg_tensor_shape(t)[i], shape[i], "line %d [%s]: dim %d is %lld, expected %lld",
-                     line, be, i, (long long)tg_tensor_shape(t)[i], (long long)shape[i]);
-    cr_assert_eq(tg_tensor_backend(t), cur, "line %d [%s]: result on %s", line, be,
-                 tg_backend_name(tg_tensor_backend(t)));
-    cr_assert_eq(tg_tensor_numel(t), n, "line %d [%s]", line, be);
-    for (int64_t i = 0; i < n; i++) {
-        double v = NAN;
-        cr_assert_eq(tg_tensor_get(t, i, &v), TG_OK);
-        double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
-        cr_assert(fabs(v - want[i]) <= tol * scale,
-                  "line %d [%s]: element %lld is %.17g, expected %.17g", line, be, (long long)i, v,
-                  want[i]);
-    }
-}
-
-static double item(const tg_tensor *t)
-{
-    double v = NAN;
-    cr_assert_eq(tg_tensor_item(t, &v), TG_OK, "[%s] %s", tg_backend_name(cur),
-                 tg_last_error_message());
-    return v;
-}
-
-/* Runs check on ref and on cpu, each in its own scope; nothing may leak
- * and no error may be left behind. */
-static void on_both_backends(void (*check)(void))
-{
-    static const tg_backend all[2] = {TG_BACKEND_REF, TG_BACKEND_CPU};
-    for (int i = 0; i < 2; i++) {
-        cur = all[i];
-        tg_backend prev = tg_set_default_backend(cur);
-        tg_error_clear();
-        size_t base = tg_mem_current_bytes();
-        tg_scope_begin();
-        check();
-        cr_assert_eq(tg_scope_end(), TG_OK);
-        cr_assert_eq(tg_last_error(), TG_OK, "[%s] error left behind: %s", tg_backend_name(cur),
-                     tg_last_error_message());
-        cr_assert_eq(tg_mem_current_bytes(), base, "[%s] %zu bytes leaked", tg_backend_name(cur),
-                     tg_mem_current_bytes() - base);
-        tg_set_default_backend(prev);
-    }
-}
-
 #define OPS_TEST(name)                                                                             \
     static void check_##name(void);                                                                \
-    Test(ops, name) { on_both_backends(check_##name); }                                            \
+    Test(ops, name)                                                                                \
+    {                                                                                              \
+        tu_on_both_backends(check_##name);                                                         \
+    }                                                                                              \
     static void check_##name(void)
 
 /* ---- elementwise binary, broadcasting */
@@ -204,11 +119,11 @@ OPS_TEST(sigmoid_values_including_large_negative_inputs)
     tg_tensor *tail = tg_sigmoid(T64((1), -30));
     cr_assert_eq(tg_tensor_get(tail, 0, &v), TG_OK);
     cr_assert(fabs(v - 9.357622968839299e-14) <= 1e-12 * 9.357622968839299e-14,
-              "[%s] sigmoid(-30) = %.17g", tg_backend_name(cur), v);
+              "[%s] sigmoid(-30) = %.17g", tg_backend_name(tu_cur), v);
     tg_tensor *f = tg_sigmoid(T32((3), -100, -1000, 100));
     for (int64_t i = 0; i < 3; i++) {
         cr_assert_eq(tg_tensor_get(f, i, &v), TG_OK);
-        cr_assert(isfinite(v), "[%s] f32 sigmoid element %lld is %g", tg_backend_name(cur),
+        cr_assert(isfinite(v), "[%s] f32 sigmoid element %lld is %g", tg_backend_name(tu_cur),
                   (long long)i, v);
     }
     EXPECT(f, (3), 1e-7, 0, 0, 1);
@@ -238,7 +153,7 @@ OPS_TEST(unary_ops_on_a_scalar_and_an_empty_tensor)
     EXPECT0(tg_exp(tg_scalar(TG_F64, 0.0)), 1e-15, 1.0);
     EXPECT0(tg_neg(tg_scalar(TG_F64, 2.0)), 1e-15, -2.0);
     tg_tensor *e = tg_exp(tg_zeros(TG_F64, 2, SHAPE(0, 3)));
-    cr_assert_not_null(e, "[%s] %s", tg_backend_name(cur), tg_last_error_message());
+    cr_assert_not_null(e, "[%s] %s", tg_backend_name(tu_cur), tg_last_error_message());
     cr_assert_eq(tg_tensor_numel(e), 0);
     cr_assert_eq(tg_tensor_dim(e, 1), 3);
 }
@@ -352,7 +267,7 @@ OPS_TEST(transpose_swaps_two_dims_as_a_view)
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 3; j++)
             for (int k = 0; k < 2; k++) want[(i * 3 + j) * 2 + k] = 12 * k + 4 * j + i;
-    expect_tensor(__LINE__, t, 3, SHAPE(4, 3, 2), want, 24, 1e-15);
+    tu_expect_tensor(__LINE__, t, 3, SHAPE(4, 3, 2), want, 24, 1e-15);
     EXPECT(tg_transpose(T64((2, 2), 1, 2, 3, 4), -1, -2), (2, 2), 1e-15, 1, 3, 2, 4);
     EXPECT(tg_transpose(T64((2, 2), 1, 2, 3, 4), 1, 1), (2, 2), 1e-15, 1, 2, 3, 4);
 }
@@ -365,12 +280,12 @@ OPS_TEST(permute_reorders_dims)
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 2; j++)
             for (int k = 0; k < 3; k++) want[(i * 2 + j) * 3 + k] = 12 * j + 4 * k + i;
-    expect_tensor(__LINE__, p, 3, SHAPE(4, 2, 3), want, 24, 1e-15);
+    tu_expect_tensor(__LINE__, p, 3, SHAPE(4, 2, 3), want, 24, 1e-15);
     /* permuting back gives the original */
     tg_tensor *back = tg_permute(p, 3, DIMS(1, 2, 0));
     double orig[24];
     for (int i = 0; i < 24; i++) orig[i] = i;
-    expect_tensor(__LINE__, back, 3, SHAPE(2, 3, 4), orig, 24, 1e-15);
+    tu_expect_tensor(__LINE__, back, 3, SHAPE(2, 3, 4), orig, 24, 1e-15);
     cr_assert(tg_tensor_is_contiguous(back));
 }
 
@@ -379,7 +294,7 @@ OPS_TEST(expand_broadcasts_to_a_shape_as_a_view)
     tg_tensor *col = T64((3, 1), 1, 2, 3);
     size_t before = tg_mem_current_bytes();
     tg_tensor *e = tg_expand(col, 2, SHAPE(3, 4));
-    cr_assert_eq(tg_mem_current_bytes(), before, "[%s] expand copied", tg_backend_name(cur));
+    cr_assert_eq(tg_mem_current_bytes(), before, "[%s] expand copied", tg_backend_name(tu_cur));
     EXPECT(e, (3, 4), 1e-15, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     EXPECT(tg_expand(T64((2), 5, 6), 3, SHAPE(2, 1, 2)), (2, 1, 2), 1e-15, 5, 6, 5, 6);
     EXPECT(tg_expand(tg_scalar(TG_F64, 9), 2, SHAPE(2, 2)), (2, 2), 1e-15, 9, 9, 9, 9);
@@ -509,7 +424,7 @@ OPS_TEST(matmul_batched_broadcasts_batch_dims)
     tg_tensor *a = tg_tensor_from_data(TG_F64, 4, SHAPE(2, 1, 2, 3), av);
     tg_tensor *b = tg_tensor_from_data(TG_F64, 3, SHAPE(4, 3, 2), bv);
     ref_matmul(2, SHAPE(2, 1), SHAPE(1, 4), 2, 3, 2, av, bv, want);
-    expect_tensor(__LINE__, tg_matmul(a, b), 4, SHAPE(2, 4, 2, 2), want, 32, 1e-14);
+    tu_expect_tensor(__LINE__, tg_matmul(a, b), 4, SHAPE(2, 4, 2, 2), want, 32, 1e-14);
     /* (1,2,2) x (3,2,2) -> (3,2,2) */
     tg_tensor *c = T64((1, 2, 2), 1, 2, 3, 4);
     tg_tensor *d = tg_reshape(tg_arange(TG_F64, 0, 12, 1), 3, SHAPE(3, 2, 2));
@@ -535,8 +450,8 @@ OPS_TEST(matmul_of_a_batched_transposed_view)
             for (int k = 0; k < 2; k++) pv[(i * 2 + j) * 2 + k] = xv[(j * 3 + i) * 2 + k];
     const double id2[4] = {2, 0, 0, 3};
     ref_matmul(1, SHAPE(3), SHAPE(1), 2, 2, 2, pv, id2, want);
-    expect_tensor(__LINE__, tg_matmul(p, T64((2, 2), 2, 0, 0, 3)), 3, SHAPE(3, 2, 2), want, 12,
-                  1e-15);
+    tu_expect_tensor(__LINE__, tg_matmul(p, T64((2, 2), 2, 0, 0, 3)), 3, SHAPE(3, 2, 2), want, 12,
+                     1e-15);
 }
 
 /* ---- softmax family and losses */
@@ -562,7 +477,7 @@ OPS_TEST(softmax_rows_sum_to_one_and_match_hand_values)
     tg_tensor *c = tg_softmax(tg_reshape(tg_arange(TG_F64, 0, 24, 1), 3, SHAPE(2, 3, 4)), 1);
     tg_tensor *cs = tg_sum_dims(c, 1, DIMS(1), false);
     double ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-    expect_tensor(__LINE__, cs, 2, SHAPE(2, 4), ones, 8, 1e-14);
+    tu_expect_tensor(__LINE__, cs, 2, SHAPE(2, 4), ones, 8, 1e-14);
 }
 
 OPS_TEST(log_softmax_is_stable_for_large_inputs)
@@ -605,12 +520,12 @@ OPS_TEST(cross_entropy_is_finite_for_huge_logits)
     const int64_t t[2] = {0, 0};
     tg_tensor *logits = T64((2, 2), 1e4, 0, 0, 1e4);
     tg_tensor *l = tg_cross_entropy(logits, targets(2, t));
-    double v = item(l);
-    cr_assert(isfinite(v), "[%s] loss %g", tg_backend_name(cur), v);
+    double v = tu_item(l);
+    cr_assert(isfinite(v), "[%s] loss %g", tg_backend_name(tu_cur), v);
     EXPECT0(l, 1e-12, 5000.0);
     tg_tensor *l32 = tg_cross_entropy(T32((2, 2), 1e4, 0, 0, 1e4), targets(2, t));
-    v = item(l32);
-    cr_assert(isfinite(v), "[%s] f32 loss %g", tg_backend_name(cur), v);
+    v = tu_item(l32);
+    cr_assert(isfinite(v), "[%s] f32 loss %g", tg_backend_name(tu_cur), v);
     EXPECT0(l32, 1e-6, 5000.0);
 }
 
@@ -629,7 +544,7 @@ OPS_TEST(mse_loss_is_the_mean_squared_difference)
 
 OPS_TEST(to_device_moves_values_to_the_other_backend)
 {
-    tg_backend other = cur == TG_BACKEND_CPU ? TG_BACKEND_REF : TG_BACKEND_CPU;
+    tg_backend other = tu_cur == TG_BACKEND_CPU ? TG_BACKEND_REF : TG_BACKEND_CPU;
     tg_tensor *x = T64((2, 2), 1, 2, 3, 4);
     tg_tensor *y = tg_to_device(x, other);
     cr_assert_not_null(y);
@@ -640,11 +555,11 @@ OPS_TEST(to_device_moves_values_to_the_other_backend)
         cr_assert(fabs(v - (i + 1)) < 1e-15, "element %d", i);
     }
     /* and back; a strided view is moved in logical order */
-    EXPECT(tg_to_device(y, cur), (2, 2), 1e-15, 1, 2, 3, 4);
+    EXPECT(tg_to_device(y, tu_cur), (2, 2), 1e-15, 1, 2, 3, 4);
     tg_tensor *t = tg_to_device(tg_transpose(x, 0, 1), other);
-    EXPECT(tg_to_device(t, cur), (2, 2), 1e-15, 1, 3, 2, 4);
+    EXPECT(tg_to_device(t, tu_cur), (2, 2), 1e-15, 1, 3, 2, 4);
     /* to the same backend: a copy */
-    EXPECT(tg_to_device(x, cur), (2, 2), 1e-15, 1, 2, 3, 4);
+    EXPECT(tg_to_device(x, tu_cur), (2, 2), 1e-15, 1, 2, 3, 4);
     tg_error_clear();
     cr_assert_null(tg_to_device(x, (tg_backend)5));
     cr_assert_eq(tg_last_error(), TG_ERR_DEVICE);
@@ -737,7 +652,7 @@ OPS_TEST(cross_entropy_gradient_is_softmax_minus_onehot_over_n)
 
 OPS_TEST(to_device_gradient_moves_back)
 {
-    tg_backend other = cur == TG_BACKEND_CPU ? TG_BACKEND_REF : TG_BACKEND_CPU;
+    tg_backend other = tu_cur == TG_BACKEND_CPU ? TG_BACKEND_REF : TG_BACKEND_CPU;
     tg_tape *tape = tg_tape_new(NULL);
     tg_tensor *x = T64((2), 1, 2);
     tg_requires_grad(tape, x);
@@ -765,7 +680,8 @@ OPS_TEST(square_by_mul_has_gradient_two_x)
     const double *g = tg_tensor_data(tg_grad(x)), *xv = tg_tensor_data(x);
     size_t bad = 0;
     for (int i = 0; i < N; i++) bad += g[i] != 6.0 * xv[i];
-    cr_expect_eq(bad, 0, "[%s] %zu of %d gradients differ from 6 x", tg_backend_name(cur), bad, N);
+    cr_expect_eq(bad, 0, "[%s] %zu of %d gradients differ from 6 x", tg_backend_name(tu_cur), bad,
+                 N);
     tg_tape_free(tape);
 }
 
@@ -798,7 +714,7 @@ static void expect_same_bits(const tg_tensor *a, const tg_tensor *b, const char 
     const double *p = tg_tensor_data((tg_tensor *)a), *q = tg_tensor_data((tg_tensor *)b);
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++) bad += memcmp(&p[i], &q[i], sizeof p[i]) != 0;
-    cr_expect_eq(bad, 0, "[%s] %s: %lld of %lld elements differ", tg_backend_name(cur), what,
+    cr_expect_eq(bad, 0, "[%s] %s: %lld of %lld elements differ", tg_backend_name(tu_cur), what,
                  (long long)bad, (long long)n);
 }
 

@@ -7,92 +7,18 @@
 #include <criterion/criterion.h>
 #include <tapegrad.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <string.h>
 
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define NSHAPE(...) ((int)(sizeof(SHAPE(__VA_ARGS__)) / sizeof(int64_t)))
-#define VALS(...) ((const double[]){__VA_ARGS__})
-#define NVALS(...) ((int64_t)(sizeof(VALS(__VA_ARGS__)) / sizeof(double)))
-#define DIMS(...) ((const int[]){__VA_ARGS__})
-
-/* Tensor literals: TS(dtype, (shape...), values...) */
-#define TS(dt, shp, ...) make((dt), NSHAPE shp, SHAPE shp, VALS(__VA_ARGS__), NVALS(__VA_ARGS__))
-#define T64(shp, ...) TS(TG_F64, shp, __VA_ARGS__)
-#define T32(shp, ...) TS(TG_F32, shp, __VA_ARGS__)
-#define I64(shp, ...) TS(TG_I64, shp, __VA_ARGS__)
-/* EXPECT(t, (shape...), tol, values...) */
-#define EXPECT(t, shp, tol, ...)                                                                   \
-    expect_tensor(__LINE__, (t), NSHAPE shp, SHAPE shp, VALS(__VA_ARGS__), NVALS(__VA_ARGS__),   \
-                  (tol))
-#define EXPECT0(t, tol, v) expect_tensor(__LINE__, (t), 0, NULL, VALS(v), 1, (tol))
+/* Tensor literals (T64, T32, I64) and EXPECT / EXPECT0 come from test_util.h. */
 /* EXPECT_ERR(call, status, "text in the message") */
 #define EXPECT_ERR(call, st, needle) expect_error(__LINE__, (call), (st), (needle))
 
-static tg_backend cur; /* backend of the running check */
-
-static tg_tensor *make(tg_dtype dt, int ndim, const int64_t *shape, const double *v, int64_t n)
-{
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; i++) numel *= shape[i];
-    cr_assert_eq(numel, n, "literal has %lld values for %lld elements", (long long)n,
-                 (long long)numel);
-    tg_tensor *t = tg_zeros(dt, ndim, shape);
-    cr_assert_not_null(t, "%s", tg_last_error_message());
-    void *p = tg_tensor_data(t);
-    for (int64_t i = 0; i < n; i++) {
-        switch (dt) {
-        case TG_F32: ((float *)p)[i] = (float)v[i]; break;
-        case TG_F64: ((double *)p)[i] = v[i]; break;
-        case TG_I64: ((int64_t *)p)[i] = (int64_t)v[i]; break;
-        }
-    }
-    return t;
-}
-
-/* Shape, backend and values (|got - want| <= tol * max(1, |want|); NaN and
- * infinities must match exactly). */
-static void expect_tensor(int line, const tg_tensor *t, int ndim, const int64_t *shape,
-                          const double *want, int64_t n, double tol)
-{
-    const char *be = tg_backend_name(cur);
-    cr_assert_not_null(t, "line %d [%s]: NULL result (%s: %s)", line, be,
-                       tg_strerror(tg_last_error()), tg_last_error_message());
-    cr_assert_eq(tg_tensor_ndim(t), ndim, "line %d [%s]: ndim %d, expected %d", line, be,
-                 tg_tensor_ndim(t), ndim);
-    for (int i = 0; i < ndim; i++)
-        cr_assert_eq(tg_tensor_shape(t)[i], shape[i], "line %d [%s]: dim %d is %lld, expected %lld",
-                     line, be, i, (long long)tg_tensor_shape(t)[i], (long long)shape[i]);
-    cr_assert_eq(tg_tensor_backend(t), cur, "line %d [%s]: result on %s", line, be,
-                 tg_backend_name(tg_tensor_backend(t)));
-    cr_assert_eq(tg_tensor_numel(t), n, "line %d [%s]", line, be);
-    for (int64_t i = 0; i < n; i++) {
-        double v = 0.0;
-        cr_assert_eq(tg_tensor_get(t, i, &v), TG_OK);
-        if (isnan(want[i]) || isinf(want[i])) {
-            cr_assert(isnan(want[i]) ? isnan(v) : v == want[i],
-                      "line %d [%s]: element %lld is %g, expected %g", line, be, (long long)i, v,
-                      want[i]);
-            continue;
-        }
-        double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
-        cr_assert(fabs(v - want[i]) <= tol * scale,
-                  "line %d [%s]: element %lld is %.17g, expected %.17g", line, be, (long long)i, v,
-                  want[i]);
-    }
-}
-
-static void expect_shape(int line, const tg_tensor *t, int ndim, const int64_t *shape)
-{
-    cr_assert_not_null(t, "line %d [%s]: NULL result (%s)", line, tg_backend_name(cur),
-                       tg_last_error_message());
-    cr_assert_eq(tg_tensor_ndim(t), ndim, "line %d", line);
-    for (int i = 0; i < ndim; i++) cr_assert_eq(tg_tensor_shape(t)[i], shape[i], "line %d", line);
-}
-
 static void expect_error(int line, tg_tensor *got, tg_status st, const char *needle)
 {
-    const char *be = tg_backend_name(cur);
+    const char *be = tg_backend_name(tu_cur);
     cr_assert_null(got, "line %d [%s]: expected %s, got a tensor", line, be, tg_strerror(st));
     cr_assert_eq(tg_last_error(), st, "line %d [%s]: status %s (%s), expected %s", line, be,
                  tg_strerror(tg_last_error()), tg_last_error_message(), tg_strerror(st));
@@ -102,30 +28,12 @@ static void expect_error(int line, tg_tensor *got, tg_status st, const char *nee
     tg_error_clear();
 }
 
-/* Runs check on ref and on cpu, each in its own scope; nothing may leak
- * and no error may be left behind. */
-static void on_both_backends(void (*check)(void))
-{
-    static const tg_backend all[2] = {TG_BACKEND_REF, TG_BACKEND_CPU};
-    for (int i = 0; i < 2; i++) {
-        cur = all[i];
-        tg_backend prev = tg_set_default_backend(cur);
-        tg_error_clear();
-        size_t base = tg_mem_current_bytes();
-        tg_scope_begin();
-        check();
-        cr_assert_eq(tg_scope_end(), TG_OK);
-        cr_assert_eq(tg_last_error(), TG_OK, "[%s] error left behind: %s", tg_backend_name(cur),
-                     tg_last_error_message());
-        cr_assert_eq(tg_mem_current_bytes(), base, "[%s] %zu bytes leaked", tg_backend_name(cur),
-                     tg_mem_current_bytes() - base);
-        tg_set_default_backend(prev);
-    }
-}
-
 #define EXT_TEST(name)                                                                             \
     static void check_##name(void);                                                                \
-    Test(ops_ext, name) { on_both_backends(check_##name); }                                        \
+    Test(ops_ext, name)                                                                            \
+    {                                                                                              \
+        tu_on_both_backends(check_##name);                                                         \
+    }                                                                                              \
     static void check_##name(void)
 
 /* ---- gradients: d sum(w * y) / d x for the marked leaves, w = weights or
@@ -141,10 +49,11 @@ static void track(tg_tensor *x)
 
 static void backward_sum(tg_tensor *y, tg_tensor *w)
 {
-    cr_assert_not_null(y, "[%s] %s", tg_backend_name(cur), tg_last_error_message());
+    cr_assert_not_null(y, "[%s] %s", tg_backend_name(tu_cur), tg_last_error_message());
     tg_tensor *l = tg_sum(w ? tg_mul(y, w) : y);
     cr_assert_not_null(l, "%s", tg_last_error_message());
-    cr_assert_eq(tg_backward(l), TG_OK, "[%s] %s", tg_backend_name(cur), tg_last_error_message());
+    cr_assert_eq(tg_backward(l), TG_OK, "[%s] %s", tg_backend_name(tu_cur),
+                 tg_last_error_message());
 }
 
 static void done_tape(void)
@@ -453,7 +362,7 @@ EXT_TEST(narrow_is_a_view_with_negative_starts_and_a_zero_padded_gradient)
     EXPECT(n, (3, 2), 0, 1, 2, 5, 6, 9, 10);
     cr_expect(!tg_tensor_is_contiguous(n), "a column slice is a strided view");
     EXPECT(tg_narrow(x, 0, -2, 2), (2, 4), 0, 4, 5, 6, 7, 8, 9, 10, 11);
-    expect_shape(__LINE__, tg_narrow(x, 0, 1, 0), 2, SHAPE(0, 4));
+    tu_expect_shape(tg_narrow(x, 0, 1, 0), 2, SHAPE(0, 4));
     /* Of a strided view: the transpose's rows are x's columns. */
     EXPECT(tg_narrow(tg_transpose(x, 0, 1), 0, 2, 1), (1, 3), 0, 2, 6, 10);
     EXPECT(tg_add(n, tg_scalar(TG_F64, 0.5)), (3, 2), 0, 1.5, 2.5, 5.5, 6.5, 9.5, 10.5);
@@ -468,8 +377,7 @@ EXT_TEST(index_select_picks_slices_and_scatter_adds_repeated_indices)
     tg_tensor *x = T64((3, 2), 0, 1, 2, 3, 4, 5);
     EXPECT(tg_index_select(x, 0, I64((3), 2, 0, 2)), (3, 2), 0, 4, 5, 0, 1, 4, 5);
     EXPECT(tg_index_select(x, 1, I64((3), 1, 1, 0)), (3, 3), 0, 1, 1, 0, 3, 3, 2, 5, 5, 4);
-    expect_shape(__LINE__, tg_index_select(x, -2, tg_zeros(TG_I64, 1, SHAPE(0))), 2,
-                 SHAPE(0, 2));
+    tu_expect_shape(tg_index_select(x, -2, tg_zeros(TG_I64, 1, SHAPE(0))), 2, SHAPE(0, 2));
     EXPECT(tg_index_select(I64((4), 10, 11, 12, 13), 0, I64((2), 3, 0)), (2), 0, 13, 10);
     EXPECT(tg_index_select(T32((3), 0.5, 1.5, 2.5), 0, I64((1), 1)), (1), 0, 1.5);
     track(x);

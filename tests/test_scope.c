@@ -3,18 +3,10 @@
 #include <criterion/criterion.h>
 #include <tapegrad.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <string.h>
-
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define VALS(...) ((const double[]){__VA_ARGS__})
-
-static double item(const tg_tensor *t)
-{
-    double v = NAN;
-    cr_assert_eq(tg_tensor_item(t, &v), TG_OK, "%s", tg_last_error_message());
-    return v;
-}
 
 Test(scope, tensors_created_in_a_scope_are_released_at_its_end)
 {
@@ -102,7 +94,7 @@ Test(scope, retained_scope_tensors_outlive_the_scope)
     tg_tensor_retain(a);
     tg_scope_end();
     tg_tensor *s = tg_sum(a); /* outside any scope: the caller owns it */
-    cr_assert(fabs(item(s) - 10.0) < 1e-15);
+    cr_assert(fabs(tu_item(s) - 10.0) < 1e-15);
     tg_tensor_release(s);
     tg_tensor_release(a);
     cr_assert_eq(tg_mem_current_bytes(), base);
@@ -213,7 +205,7 @@ Test(scope, many_tensors_in_one_scope_are_all_released)
     tg_scope_begin();
     tg_tensor *acc = tg_zeros(TG_F64, 1, SHAPE(16));
     for (int i = 0; i < 5000; i++) acc = tg_add_scalar(acc, 1.0);
-    cr_assert(fabs(item(tg_sum(acc)) - 16 * 5000.0) < 1e-9);
+    cr_assert(fabs(tu_item(tg_sum(acc)) - 16 * 5000.0) < 1e-9);
     tg_scope_end();
     cr_assert_eq(tg_mem_current_bytes(), base, "%zu bytes leaked", tg_mem_current_bytes() - base);
 }
@@ -244,7 +236,7 @@ Test(scope, training_loop_memory_returns_to_the_same_level_each_step)
         tg_tensor *loss = tg_add(tg_mse_loss(h, y),
                                  tg_mul_scalar(tg_sum(tg_mul(W, W)), 1e-4)); /* weight decay */
         cr_assert_not_null(loss, "step %d: %s", step, tg_last_error_message());
-        double lv = item(loss);
+        double lv = tu_item(loss);
         if (step == 0) first = lv;
         last = lv;
         cr_assert_eq(tg_backward(loss), TG_OK, "step %d: %s", step, tg_last_error_message());

@@ -3,68 +3,26 @@
 #include <criterion/criterion.h>
 #include <tapegrad.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <string.h>
 
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define VALS(...) ((const double[]){__VA_ARGS__})
-#define NVALS(...) ((int64_t)(sizeof(VALS(__VA_ARGS__)) / sizeof(double)))
-
-static tg_tensor *vec(int64_t n, const double *v)
-{
-    tg_tensor *t = tg_tensor_from_data(TG_F64, 1, &n, v);
-    cr_assert_not_null(t, "%s", tg_last_error_message());
-    return t;
-}
-
 static tg_tensor *leaf(tg_tape *tape, int64_t n, const double *v)
 {
-    tg_tensor *t = vec(n, v);
+    tg_tensor *t = tu_vec(n, v);
     cr_assert_eq(tg_requires_grad(tape, t), TG_OK, "%s", tg_last_error_message());
     return t;
-}
-
-static void expect_values(const tg_tensor *t, const double *want, int64_t n, double tol)
-{
-    cr_assert_not_null(t, "tensor is NULL (%s: %s)", tg_strerror(tg_last_error()),
-                       tg_last_error_message());
-    cr_assert_eq(tg_tensor_numel(t), n, "numel %lld, expected %lld", (long long)tg_tensor_numel(t),
-                 (long long)n);
-    for (int64_t i = 0; i < n; i++) {
-        double v = NAN;
-        cr_assert_eq(tg_tensor_get(t, i, &v), TG_OK);
-        double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
-        cr_assert(fabs(v - want[i]) <= tol * scale, "element %lld is %.17g, expected %.17g",
-                  (long long)i, v, want[i]);
-    }
 }
 
 static void expect_grad(const tg_tensor *x, const double *want, int64_t n)
 {
     tg_tensor *g = tg_grad(x);
     cr_assert_not_null(g, "no gradient: %s", tg_last_error_message());
-    expect_values(g, want, n, 1e-12);
+    tu_expect_values(g, want, n, 1e-12);
 }
 
-static double item(const tg_tensor *t)
-{
-    double v = NAN;
-    cr_assert_eq(tg_tensor_item(t, &v), TG_OK, "%s", tg_last_error_message());
-    return v;
-}
-
-static void setup(void)
-{
-    tg_error_clear();
-    tg_scope_begin();
-}
-
-static void teardown(void)
-{
-    tg_scope_end();
-}
-
-TestSuite(tape, .init = setup, .fini = teardown);
+TestSuite(tape, .init = tu_scope_setup, .fini = tu_scope_teardown);
 
 /* ---- leaves and tracking */
 
@@ -73,7 +31,7 @@ Test(tape, leaves_and_interior_results_require_grad_and_plain_tensors_do_not)
     tg_tape *tape = tg_tape_new(NULL);
     cr_assert_not_null(tape);
     tg_tensor *x = leaf(tape, 3, VALS(1, 2, 3));
-    tg_tensor *c = vec(3, VALS(4, 5, 6));
+    tg_tensor *c = tu_vec(3, VALS(4, 5, 6));
     cr_assert(tg_tensor_requires_grad(x));
     cr_assert(tg_tensor_is_leaf(x));
     cr_assert_not(tg_tensor_requires_grad(c));
@@ -85,7 +43,7 @@ Test(tape, leaves_and_interior_results_require_grad_and_plain_tensors_do_not)
     tg_tensor *z = tg_mul(c, c); /* no tracked input: nothing recorded */
     cr_assert_not(tg_tensor_requires_grad(z));
     cr_assert_eq(tg_tape_node_count(tape), 1);
-    expect_values(y, VALS(4, 10, 18), 3, 1e-15);
+    tu_expect_values(y, VALS(4, 10, 18), 3, 1e-15);
     tg_tape_free(tape);
 }
 
@@ -122,7 +80,7 @@ Test(tape, marking_a_leaf_of_another_tape_fails_with_tape)
 Test(tape, requires_grad_with_null_arguments_fails_with_null)
 {
     tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *x = vec(1, VALS(1));
+    tg_tensor *x = tu_vec(1, VALS(1));
     cr_assert_eq(tg_requires_grad(NULL, x), TG_ERR_NULL);
     tg_error_clear();
     cr_assert_eq(tg_requires_grad(tape, NULL), TG_ERR_NULL);
@@ -150,7 +108,7 @@ Test(tape, backward_fills_gradients_of_a_small_graph)
     tg_tensor *loss = tg_sum(tg_add(tg_mul(a, b), tg_exp(a)));
     cr_assert_not_null(loss, "%s", tg_last_error_message());
     double want_loss = 1.5 - 4.0 - 10.0 + exp(0.5) + exp(-1.0) + exp(2.0);
-    cr_assert(fabs(item(loss) - want_loss) < 1e-12, "loss %.17g", item(loss));
+    cr_assert(fabs(tu_item(loss) - want_loss) < 1e-12, "loss %.17g", tu_item(loss));
     cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
     expect_grad(a, VALS(3.0 + exp(0.5), 4.0 + exp(-1.0), -5.0 + exp(2.0)), 3);
     expect_grad(b, VALS(0.5, -1.0, 2.0), 3);
@@ -222,7 +180,7 @@ Test(tape, no_grad_mode_returns_untracked_results_and_records_nothing)
     cr_assert(prev);
     cr_assert_not(tg_grad_enabled());
     tg_tensor *y = tg_mul(x, x);
-    expect_values(y, VALS(1, 4), 2, 1e-15);
+    tu_expect_values(y, VALS(1, 4), 2, 1e-15);
     cr_assert_not(tg_tensor_requires_grad(y));
     cr_assert_eq(tg_tape_node_count(tape), 0);
     tg_error_clear();
@@ -244,7 +202,7 @@ Test(tape, detach_cuts_the_graph)
     cr_assert_not_null(d);
     cr_assert_not(tg_tensor_requires_grad(d));
     cr_assert_not(tg_tensor_is_leaf(d));
-    expect_values(d, VALS(1, -2, 4), 3, 1e-15);
+    tu_expect_values(d, VALS(1, -2, 4), 3, 1e-15);
     cr_assert_eq(tg_backward(tg_sum(tg_mul(x, d))), TG_OK, "%s", tg_last_error_message());
     expect_grad(x, VALS(1, -2, 4), 3);
     /* a detached interior result is untracked too */
@@ -257,13 +215,13 @@ Test(tape, detach_cuts_the_graph)
 
 Test(tape, detach_shares_storage_with_its_source)
 {
-    tg_tensor *x = vec(2, VALS(1, 2));
+    tg_tensor *x = tu_vec(2, VALS(1, 2));
     size_t before = tg_mem_current_bytes();
     tg_tensor *d = tg_detach(x);
     cr_assert_eq(tg_mem_current_bytes(), before);
     double *p = tg_tensor_data(x);
     p[1] = 9.0;
-    expect_values(d, VALS(1, 9), 2, 1e-15);
+    tu_expect_values(d, VALS(1, 9), 2, 1e-15);
 }
 
 /* ---- reset */
@@ -335,7 +293,7 @@ Test(tape, interior_tensor_from_before_a_reset_fails_with_stale_in_a_new_op)
     tg_tensor *x = leaf(tape, 2, VALS(1, 2));
     tg_tensor *y = tg_mul(x, x);
     tg_tape_reset(tape);
-    expect_values(y, VALS(1, 4), 2, 1e-15); /* still readable as data */
+    tu_expect_values(y, VALS(1, 4), 2, 1e-15); /* still readable as data */
     tg_error_clear();
     cr_assert_null(tg_add(y, x));
     cr_assert_eq(tg_last_error(), TG_ERR_STALE);
@@ -378,7 +336,7 @@ Test(tape, second_backward_on_the_same_graph_fails_with_stale)
 
 Test(tape, backward_on_an_untracked_tensor_fails_with_no_grad)
 {
-    tg_tensor *x = vec(2, VALS(1, 2));
+    tg_tensor *x = tu_vec(2, VALS(1, 2));
     tg_error_clear();
     cr_assert_eq(tg_backward(tg_sum(x)), TG_ERR_NO_GRAD);
     cr_assert_eq(tg_last_error(), TG_ERR_NO_GRAD);
@@ -397,10 +355,10 @@ Test(tape, non_scalar_loss_without_seed_fails_with_seed)
     tg_error_clear();
     cr_assert_null(tg_grad(x));
     /* the record is intact: seeding works afterwards */
-    tg_tensor *seed = vec(3, VALS(1, 10, 100));
+    tg_tensor *seed = tu_vec(3, VALS(1, 10, 100));
     cr_assert_eq(tg_backward_seed(y, seed), TG_OK, "%s", tg_last_error_message());
     expect_grad(x, VALS(2, 40, 600), 3); /* 2x * seed */
-    expect_values(seed, VALS(1, 10, 100), 3, 1e-15);
+    tu_expect_values(seed, VALS(1, 10, 100), 3, 1e-15);
     tg_tape_free(tape);
 }
 
@@ -409,7 +367,7 @@ Test(tape, seed_of_the_wrong_shape_fails_with_shape)
     tg_tape *tape = tg_tape_new(NULL);
     tg_tensor *x = leaf(tape, 3, VALS(1, 2, 3));
     tg_tensor *y = tg_mul(x, x);
-    cr_assert_eq(tg_backward_seed(y, vec(2, VALS(1, 1))), TG_ERR_SHAPE);
+    cr_assert_eq(tg_backward_seed(y, tu_vec(2, VALS(1, 1))), TG_ERR_SHAPE);
     tg_error_clear();
     cr_assert_eq(tg_backward_seed(y, NULL), TG_ERR_NULL);
     tg_tape_free(tape);
@@ -420,7 +378,7 @@ Test(tape, seed_gradient_is_not_aliased_by_a_leaf)
     /* y = x + 0 passes the seed straight through; the leaf must copy it. */
     tg_tape *tape = tg_tape_new(NULL);
     tg_tensor *x = leaf(tape, 2, VALS(1, 2));
-    tg_tensor *seed = vec(2, VALS(3, 4));
+    tg_tensor *seed = tu_vec(2, VALS(3, 4));
     cr_assert_eq(tg_backward_seed(tg_add_scalar(x, 0.0), seed), TG_OK);
     double *p = tg_tensor_data(seed);
     p[0] = 1000.0;
@@ -567,7 +525,7 @@ Test(tape, tape_free_keeps_tensors_readable_and_interiors_stale)
     tg_tensor *y = tg_mul(x, x);
     cr_assert_eq(tg_backward(tg_sum(y)), TG_OK);
     tg_tape_free(tape);
-    expect_values(y, VALS(1, 4), 2, 1e-15);
+    tu_expect_values(y, VALS(1, 4), 2, 1e-15);
     cr_assert_not(tg_tensor_requires_grad(y));
     tg_error_clear();
     cr_assert_null(tg_exp(y));
@@ -629,7 +587,7 @@ Test(tape, f32_graphs_get_f32_gradients)
     tg_tensor *g = tg_grad(x);
     cr_assert_not_null(g);
     cr_assert_eq(tg_tensor_dtype(g), TG_F32);
-    expect_values(g, VALS(1.0 / 3, -2.0 / 3, 4.0 / 3), 3, 1e-6);
+    tu_expect_values(g, VALS(1.0 / 3, -2.0 / 3, 4.0 / 3), 3, 1e-6);
     tg_tape_free(tape);
 }
 
@@ -645,7 +603,7 @@ Test(tape, leaf_gradients_are_contiguous_and_writable)
     double *p = tg_tensor_data(g);
     cr_assert_not_null(p);
     p[0] = 5.0;
-    expect_values(g, VALS(5, 2, 2), 3, 1e-15);
+    tu_expect_values(g, VALS(5, 2, 2), 3, 1e-15);
     tg_tape_free(tape);
 }
 

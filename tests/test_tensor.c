@@ -3,37 +3,11 @@
 #include <criterion/criterion.h>
 #include <tapegrad.h>
 
+#include "test_util.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
-#define NSHAPE(...) ((int)(sizeof(SHAPE(__VA_ARGS__)) / sizeof(int64_t)))
-
-/* |got - want| <= tol * max(1, |want|) for every element, row-major. */
-static void expect_values(const tg_tensor *t, const double *want, int64_t n, double tol)
-{
-    cr_assert_not_null(t, "tensor is NULL (%s)", tg_last_error_message());
-    cr_assert_eq(tg_tensor_numel(t), n, "numel %lld, expected %lld", (long long)tg_tensor_numel(t),
-                 (long long)n);
-    for (int64_t i = 0; i < n; i++) {
-        double v = NAN;
-        cr_assert_eq(tg_tensor_get(t, i, &v), TG_OK, "get(%lld): %s", (long long)i,
-                     tg_last_error_message());
-        double scale = fabs(want[i]) > 1.0 ? fabs(want[i]) : 1.0;
-        cr_assert(fabs(v - want[i]) <= tol * scale, "element %lld is %.17g, expected %.17g",
-                  (long long)i, v, want[i]);
-    }
-}
-
-static void expect_shape(const tg_tensor *t, int ndim, const int64_t *shape)
-{
-    cr_assert_not_null(t, "tensor is NULL (%s)", tg_last_error_message());
-    cr_assert_eq(tg_tensor_ndim(t), ndim, "ndim %d, expected %d", tg_tensor_ndim(t), ndim);
-    for (int i = 0; i < ndim; i++)
-        cr_assert_eq(tg_tensor_shape(t)[i], shape[i], "dim %d is %lld, expected %lld", i,
-                     (long long)tg_tensor_shape(t)[i], (long long)shape[i]);
-}
 
 /* ---- creation */
 
@@ -41,11 +15,11 @@ Test(tensor, from_data_copies_the_source_buffer)
 {
     double src[6] = {1, 2, 3, 4, 5, 6};
     tg_tensor *t = tg_tensor_from_data(TG_F64, 2, SHAPE(2, 3), src);
-    expect_shape(t, 2, SHAPE(2, 3));
+    tu_expect_shape(t, 2, SHAPE(2, 3));
     cr_assert_eq(tg_tensor_dtype(t), TG_F64);
     for (int i = 0; i < 6; i++) src[i] = -100.0;
     const double want[6] = {1, 2, 3, 4, 5, 6};
-    expect_values(t, want, 6, 1e-15);
+    tu_expect_values(t, want, 6, 1e-15);
     cr_assert(tg_tensor_is_contiguous(t));
     cr_assert_eq(tg_tensor_backend(t), tg_default_backend());
     tg_tensor_release(t);
@@ -57,8 +31,8 @@ Test(tensor, from_data_works_for_f32_and_i64)
     const int64_t l[3] = {-7, 0, 1234567890123LL};
     tg_tensor *tf = tg_tensor_from_data(TG_F32, 1, SHAPE(3), f);
     tg_tensor *tl = tg_tensor_from_data(TG_I64, 1, SHAPE(3), l);
-    expect_values(tf, (const double[]){0.5, -1.25, 3.0}, 3, 1e-15);
-    expect_values(tl, (const double[]){-7, 0, 1234567890123.0}, 3, 1e-15);
+    tu_expect_values(tf, (const double[]){0.5, -1.25, 3.0}, 3, 1e-15);
+    tu_expect_values(tl, (const double[]){-7, 0, 1234567890123.0}, 3, 1e-15);
     cr_assert_eq(tg_tensor_dtype(tf), TG_F32);
     cr_assert_eq(tg_tensor_dtype(tl), TG_I64);
     tg_tensor_release(tf);
@@ -78,11 +52,11 @@ Test(tensor, zeros_ones_and_full_fill_every_element)
     tg_tensor *o = tg_ones(TG_F32, 1, SHAPE(3));
     tg_tensor *f = tg_full(TG_F64, 3, SHAPE(1, 2, 2), -2.5);
     tg_tensor *fi = tg_full(TG_I64, 1, SHAPE(2), 7.0);
-    expect_values(z, (const double[]){0, 0, 0, 0}, 4, 1e-15);
-    expect_values(o, (const double[]){1, 1, 1}, 3, 1e-15);
-    expect_values(f, (const double[]){-2.5, -2.5, -2.5, -2.5}, 4, 1e-15);
-    expect_values(fi, (const double[]){7, 7}, 2, 1e-15);
-    expect_shape(f, 3, SHAPE(1, 2, 2));
+    tu_expect_values(z, (const double[]){0, 0, 0, 0}, 4, 1e-15);
+    tu_expect_values(o, (const double[]){1, 1, 1}, 3, 1e-15);
+    tu_expect_values(f, (const double[]){-2.5, -2.5, -2.5, -2.5}, 4, 1e-15);
+    tu_expect_values(fi, (const double[]){7, 7}, 2, 1e-15);
+    tu_expect_shape(f, 3, SHAPE(1, 2, 2));
     tg_tensor_release(z);
     tg_tensor_release(o);
     tg_tensor_release(f);
@@ -114,10 +88,10 @@ Test(tensor, item_of_a_multi_element_tensor_fails_with_shape)
 Test(tensor, arange_counts_up_to_stop_exclusive)
 {
     tg_tensor *a = tg_arange(TG_F64, 0.0, 5.0, 1.0);
-    expect_shape(a, 1, SHAPE(5));
-    expect_values(a, (const double[]){0, 1, 2, 3, 4}, 5, 1e-15);
+    tu_expect_shape(a, 1, SHAPE(5));
+    tu_expect_values(a, (const double[]){0, 1, 2, 3, 4}, 5, 1e-15);
     tg_tensor *b = tg_arange(TG_F64, 1.0, 2.0, 0.25);
-    expect_values(b, (const double[]){1.0, 1.25, 1.5, 1.75}, 4, 1e-15);
+    tu_expect_values(b, (const double[]){1.0, 1.25, 1.5, 1.75}, 4, 1e-15);
     tg_tensor_release(a);
     tg_tensor_release(b);
 }
@@ -125,10 +99,10 @@ Test(tensor, arange_counts_up_to_stop_exclusive)
 Test(tensor, arange_with_negative_step_counts_down)
 {
     tg_tensor *a = tg_arange(TG_F64, 5.0, 0.0, -1.5);
-    expect_shape(a, 1, SHAPE(4));
-    expect_values(a, (const double[]){5.0, 3.5, 2.0, 0.5}, 4, 1e-15);
+    tu_expect_shape(a, 1, SHAPE(4));
+    tu_expect_values(a, (const double[]){5.0, 3.5, 2.0, 0.5}, 4, 1e-15);
     tg_tensor *i = tg_arange(TG_I64, 3.0, -1.0, -1.0);
-    expect_values(i, (const double[]){3, 2, 1, 0}, 4, 1e-15);
+    tu_expect_values(i, (const double[]){3, 2, 1, 0}, 4, 1e-15);
     tg_tensor_release(a);
     tg_tensor_release(i);
 }
@@ -138,9 +112,9 @@ Test(tensor, arange_with_an_empty_range_has_zero_elements)
     tg_tensor *a = tg_arange(TG_F64, 0.0, 0.0, 1.0);
     tg_tensor *b = tg_arange(TG_F64, 3.0, 1.0, 1.0);  /* wrong direction */
     tg_tensor *c = tg_arange(TG_F64, 1.0, 3.0, -1.0); /* wrong direction */
-    expect_shape(a, 1, SHAPE(0));
-    expect_shape(b, 1, SHAPE(0));
-    expect_shape(c, 1, SHAPE(0));
+    tu_expect_shape(a, 1, SHAPE(0));
+    tu_expect_shape(b, 1, SHAPE(0));
+    tu_expect_shape(c, 1, SHAPE(0));
     cr_assert_eq(tg_tensor_numel(a) + tg_tensor_numel(b) + tg_tensor_numel(c), 0);
     tg_tensor_release(a);
     tg_tensor_release(b);
@@ -158,7 +132,7 @@ Test(tensor, eight_dims_are_accepted)
 {
     const int64_t shape[8] = {1, 2, 1, 2, 1, 2, 1, 3};
     tg_tensor *t = tg_ones(TG_F64, 8, shape);
-    expect_shape(t, 8, shape);
+    tu_expect_shape(t, 8, shape);
     cr_assert_eq(tg_tensor_numel(t), 24);
     cr_assert_eq(tg_tensor_dim(t, -1), 3);
     cr_assert_eq(tg_tensor_dim(t, 7), 3);
@@ -437,14 +411,14 @@ Test(tensor, copy_out_of_a_transposed_view_gives_transposed_order)
     /* x = [[1,2,3],[4,5,6]]; x^T = [[1,4],[2,5],[3,6]] */
     tg_tensor *x = tg_tensor_from_data(TG_F64, 2, SHAPE(2, 3), (const double[]){1, 2, 3, 4, 5, 6});
     tg_tensor *t = tg_transpose(x, 0, 1);
-    expect_shape(t, 2, SHAPE(3, 2));
+    tu_expect_shape(t, 2, SHAPE(3, 2));
     cr_assert_not(tg_tensor_is_contiguous(t));
     double out[6] = {0};
     cr_assert_eq(tg_tensor_copy_out(t, out, sizeof out), TG_OK);
     const double want[6] = {1, 4, 2, 5, 3, 6};
     for (int i = 0; i < 6; i++)
         cr_assert(fabs(out[i] - want[i]) < 1e-15, "out[%d] = %g, expected %g", i, out[i], want[i]);
-    expect_values(t, want, 6, 1e-15);
+    tu_expect_values(t, want, 6, 1e-15);
     tg_tensor_release(t);
     tg_tensor_release(x);
 }
@@ -496,7 +470,7 @@ Test(tensor, reshape_of_contiguous_data_is_a_view_sharing_storage)
 {
     tg_tensor *x = tg_tensor_from_data(TG_F64, 2, SHAPE(2, 3), (const double[]){1, 2, 3, 4, 5, 6});
     tg_tensor *r = tg_reshape(x, 2, SHAPE(3, 2));
-    expect_shape(r, 2, SHAPE(3, 2));
+    tu_expect_shape(r, 2, SHAPE(3, 2));
     size_t before = tg_mem_current_bytes();
     tg_tensor *r2 = tg_reshape(x, 1, SHAPE(6));
     cr_assert_eq(tg_mem_current_bytes(), before, "reshape allocated %zu bytes",
@@ -504,13 +478,13 @@ Test(tensor, reshape_of_contiguous_data_is_a_view_sharing_storage)
     double *p = tg_tensor_data(x);
     cr_assert_not_null(p);
     p[4] = 50.0;
-    expect_values(r, (const double[]){1, 2, 3, 4, 50, 6}, 6, 1e-15);
-    expect_values(r2, (const double[]){1, 2, 3, 4, 50, 6}, 6, 1e-15);
+    tu_expect_values(r, (const double[]){1, 2, 3, 4, 50, 6}, 6, 1e-15);
+    tu_expect_values(r2, (const double[]){1, 2, 3, 4, 50, 6}, 6, 1e-15);
     /* ... and the other way round. */
     double *q = tg_tensor_data(r);
     cr_assert_not_null(q);
     q[0] = -1.0;
-    expect_values(x, (const double[]){-1, 2, 3, 4, 50, 6}, 6, 1e-15);
+    tu_expect_values(x, (const double[]){-1, 2, 3, 4, 50, 6}, 6, 1e-15);
     tg_tensor_release(r2);
     tg_tensor_release(r);
     tg_tensor_release(x);
@@ -520,9 +494,9 @@ Test(tensor, reshape_infers_one_minus_one_dim)
 {
     tg_tensor *x = tg_arange(TG_F64, 0, 24, 1);
     tg_tensor *r = tg_reshape(x, 3, SHAPE(2, -1, 4));
-    expect_shape(r, 3, SHAPE(2, 3, 4));
+    tu_expect_shape(r, 3, SHAPE(2, 3, 4));
     tg_tensor *r2 = tg_reshape(x, 2, SHAPE(-1, 8));
-    expect_shape(r2, 2, SHAPE(3, 8));
+    tu_expect_shape(r2, 2, SHAPE(3, 8));
     double v;
     tg_tensor_get(r2, 9, &v);
     cr_assert(fabs(v - 9.0) < 1e-15, "element 9 = %g", v);
