@@ -97,6 +97,8 @@ tg_tensor *tg_abs(tg_tensor *x);                    /* |x| */
 tg_tensor *tg_clamp(tg_tensor *x, double lo, double hi);
 tg_tensor *tg_gelu(tg_tensor *x);                   /* x Phi(x) = x/2 (1 + erf(x / sqrt 2)) */
 tg_tensor *tg_silu(tg_tensor *x);                   /* x sigmoid(x) */
+tg_tensor *tg_sin(tg_tensor *x);                    /* sin x (radians) */
+tg_tensor *tg_cos(tg_tensor *x);                    /* cos x (radians) */
 tg_tensor *tg_leaky_relu(tg_tensor *x, double slope); /* x > 0 ? x : slope x */
 /* log(1 + e^(beta x)) / beta, and x itself where beta x > threshold (as
  * PyTorch; its defaults are beta 1, threshold 20). beta > 0, else

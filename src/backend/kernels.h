@@ -81,7 +81,10 @@
     X(BATCH_NORM_GRAD)    /* tg_batch_norm_grad_fn */                              \
     X(BATCH_NORM_GRAD_W)  /* tg_batch_norm_grad_w_fn */                            \
     /* conv */                                                                     \
-    X(CHANNEL_SUM)        /* tg_channel_sum_fn */
+    X(CHANNEL_SUM)        /* tg_channel_sum_fn */                                  \
+    /* unary */                                                                    \
+    X(SIN) X(COS)         /* tg_unary_fn */                                        \
+    X(SIN_GRAD) X(COS_GRAD) /* tg_grad_fn, s = x */
 
 typedef enum tg_kernel_id {
 #define TG__KID(name) TG_K_##name,

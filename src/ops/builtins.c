@@ -12,6 +12,7 @@
     X(sigmoid_backward) X(relu_backward) X(pow_backward) X(abs_backward)            \
     X(gelu_backward) X(silu_backward) X(leaky_relu_backward) X(clamp_backward)      \
     X(softplus_backward)                                                            \
+    X(sin) X(cos) X(sin_backward) X(cos_backward)                                   \
     /* binary.c */                                                                  \
     X(add) X(sub) X(mul) X(div) X(minimum) X(maximum) X(gt) X(eq)                   \
     /* reduce.c */                                                                  \

@@ -247,7 +247,17 @@ static tg_tensor *softplus_f2(tg_tensor *x, const tg_op_attrs *a)
     tg_tensor *thr = x ? tg__scalar(x->dtype, x->backend, tg__attrs_get_f64(a, 0)) : NULL;
     return tg_masked_fill(f2, tg_gt(bx, thr), 0.0);
 }
-
+/* sin: f'(x) = cos x, f'' = -sin x; cos: f' = -sin x, f'' = -cos x. */
+static tg_tensor *sin_f2(tg_tensor *x, const tg_op_attrs *a)
+{
+    (void)a;
+    return tg_neg(tg_sin(x));
+}
+static tg_tensor *cos_f2(tg_tensor *x, const tg_op_attrs *a)
+{
+    (void)a;
+    return tg_neg(tg_cos(x));
+}
 
 /* One map and its fused gradient op, from the unary_def initialisers;
  * saves_: TG_SAVE_OUTPUT where from_output, else TG_SAVE_INPUT(0). */
@@ -343,6 +353,12 @@ UNARY_MAP(softplus, softplus, TG_SAVE_INPUT(0),
           .gkid = TG_K_SOFTPLUS_GRAD, .two = true, .heavy = true, .gheavy = true,
           .f2 = softplus_f2, .lo = -3.0, .hi = 3.0, .nkinks = 1, .kinks = {{20.0}, {0.5}},
           .nparams = 1, .p = {1.0, 2.0, 1.0, 2.0}, .q = {20.0, 1.0, 20.0, 1.0})
+UNARY_MAP(sin, sin, TG_SAVE_INPUT(0),
+          "y = sin x", "gx = gy * cos x", .kid = TG_K_SIN, .gkid = TG_K_SIN_GRAD, .heavy = true,
+          .gheavy = true, .f2 = sin_f2, .lo = -3.0, .hi = 3.0)
+UNARY_MAP(cos, cos, TG_SAVE_INPUT(0),
+          "y = cos x", "gx = -gy * sin x", .kid = TG_K_COS, .gkid = TG_K_COS_GRAD, .heavy = true,
+          .gheavy = true, .f2 = cos_f2, .lo = -3.0, .hi = 3.0)
 
 /* ---- linear maps: no fused op, the backward is the map again */
 static const unary_def linear_cases = {
@@ -417,6 +433,8 @@ tg_tensor *tg_mul_scalar(tg_tensor *x, double s)
 tg_tensor *tg_abs(tg_tensor *x) { return tg__call1(&tg__op_abs, x, NULL); }
 tg_tensor *tg_gelu(tg_tensor *x) { return tg__call1(&tg__op_gelu, x, NULL); }
 tg_tensor *tg_silu(tg_tensor *x) { return tg__call1(&tg__op_silu, x, NULL); }
+tg_tensor *tg_sin(tg_tensor *x) { return tg__call1(&tg__op_sin, x, NULL); }
+tg_tensor *tg_cos(tg_tensor *x) { return tg__call1(&tg__op_cos, x, NULL); }
 
 tg_tensor *tg_leaky_relu(tg_tensor *x, double slope)
 {

@@ -113,6 +113,15 @@ static double clamp(double v, double lo, double hi)
 ACTIVATION_SET(float, f32, expf, erff, fabsf)
 ACTIVATION_SET(double, f64, exp, erf, fabs)
 
+#define TRIG_SET(T, SFX, SINF, COSF)                                               \
+    DEF_UNARY(sin_##SFX, T, SINF(v))                                               \
+    DEF_UNARY(cos_##SFX, T, COSF(v))                                               \
+    DEF_GRAD(sin_grad_##SFX, T, g * COSF(v))  /* s = x */                          \
+    DEF_GRAD(cos_grad_##SFX, T, -g * SINF(v)) /* s = x */
+
+TRIG_SET(float, f32, sinf, cosf)
+TRIG_SET(double, f64, sin, cos)
+
 void tg__ref_unary_register(void)
 {
     const tg_backend R = TG_BACKEND_REF;
@@ -130,5 +139,6 @@ void tg__ref_unary_register(void)
     SET2(LEAKY_RELU_GRAD, leaky_grad)
     SET2(CLAMP, clamp) SET2(SOFTPLUS, softplus) SET2(CLAMP_GRAD, clamp_grad)
     SET2(SOFTPLUS_GRAD, softplus_grad)
+    SET2(SIN, sin) SET2(COS, cos) SET2(SIN_GRAD, sin_grad) SET2(COS_GRAD, cos_grad)
 #undef SET2
 }
