@@ -392,21 +392,6 @@ Test(nn_ops, wrappers_without_bias_or_weights_and_in_evaluation_pass_gradcheck)
     }
 }
 
-Test(nn_ops, every_nn_op_passes_its_registry_gradcheck_on_both_backends)
-{
-    static const char *names[] = {"conv2d", "max_pool2d", "avg_pool2d", "layer_norm",
-                                  "batch_norm"};
-    for (int b = 0; b < 2; b++)
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-            const tg_op *op = tg_op_find(names[i]);
-            cr_assert_not_null(op, "op %s is not registered", names[i]);
-            tg_op_check rep;
-            tg_status st = tg_gradcheck_op(op, backends[b], NULL, &rep);
-            cr_assert_eq(st, TG_OK, "%s: %s", names[i], tg_last_error_message());
-            cr_assert_geq(rep.cases, 3);
-        }
-}
-
 Test(nn_ops, a_small_cnn_trains_end_to_end_through_every_op)
 {
     /* conv -> batch_norm -> relu -> max_pool -> layer_norm -> avg_pool: all
@@ -606,16 +591,3 @@ Test(nn_ops, batch_norm_rejects_missing_or_bad_running_statistics)
     tu_expect_values(rv, VALS(1, 1, 1), 3, 0);
 }
 
-Test(nn_ops, fused_backward_ops_are_unmarked_and_registered)
-{
-    static const char *names[] = {"conv2d_backward_input", "conv2d_backward_weight",
-                                  "max_pool2d_backward", "avg_pool2d_backward",
-                                  "layer_norm_backward", "layer_norm_backward_weight",
-                                  "batch_norm_backward", "batch_norm_backward_weight",
-                                  "bias_grad"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        const tg_op *op = tg_op_find(names[i]);
-        cr_assert_not_null(op, "%s", names[i]);
-        cr_assert_eq(tg_op_mark(op), TG_AD_UNMARKED, "%s", names[i]);
-    }
-}

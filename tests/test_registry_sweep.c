@@ -922,18 +922,7 @@ Test(sweep, unmarked_ops_fail_with_not_differentiable_on_tracked_inputs)
         }
     }
     cr_expect_geq(nchecked, 2 * nunmarked);
-    static const char *const fused[] = {
-        "max_dim_backward", "softmax_backward", "log_softmax_backward", "cross_entropy_backward",
-    };
-    for (size_t j = 0; j < sizeof fused / sizeof fused[0]; j++) {
-        tg_error_clear();
-        const tg_op *op = tg_op_find(fused[j]);
-        cr_expect(op != NULL, "fused op '%s' missing: %s", fused[j], tg_last_error_message());
-        if (op)
-            cr_expect_eq(tg_op_mark(op), TG_AD_UNMARKED, "fused op '%s' is marked '%s'", op->name,
-                         tg_ad_mark_name(tg_op_mark(op)));
-    }
-    cr_expect_geq(nunmarked, (int)(sizeof fused / sizeof fused[0]));
+    cr_expect_gt(nunmarked, 0, "the registry has no unmarked op to check");
     tg_error_clear();
     tu_expect_no_leaks(mem0);
 }
