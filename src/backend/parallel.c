@@ -4,6 +4,8 @@
  * so the two never compete for the cores. Kernels stay single-threaded
  * functions; this file cuts their index range into parts. Small jobs run
  * inline. */
+#include <string.h>
+
 #include "backend/parallel.h"
 #include "core/pool.h"
 
@@ -169,4 +171,47 @@ void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const voi
     }
     job_args j = {.bf = f, .bc = bc, .a = a, .b = b, .out = out, .es = es};
     tg__pool_run(binary_part, &j, parts);
+}
+
+/* ---- the broadcast description of a binary kernel call */
+static bool row_of(const tg_spec *out, const tg_tensor *r)
+{
+    int lead = out->ndim - r->ndim;
+    int d = 0;
+    while (d < r->ndim && r->shape[d] == 1 && out->shape[lead + d] != 1) d++;
+    for (; d < r->ndim; d++)
+        if (r->shape[d] != out->shape[lead + d]) return false;
+    return r->numel > 0;
+}
+
+void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b, tg_bcast *bc)
+{
+    int nd = out->ndim;
+    bc->ndim = nd;
+    bc->n = tg__numel(nd, out->shape);
+    memcpy(bc->shape, out->shape, sizeof bc->shape);
+    int64_t ca[TG_MAX_DIMS], cb[TG_MAX_DIMS];
+    tg__contig_strides(a->ndim, a->shape, ca);
+    tg__contig_strides(b->ndim, b->shape, cb);
+    for (int i = 0; i < nd; i++) {
+        int ia = a->ndim - nd + i, ib = b->ndim - nd + i;
+        bc->sa[i] = (ia >= 0 && a->shape[ia] != 1) ? ca[ia] : 0;
+        bc->sb[i] = (ib >= 0 && b->shape[ib] != 1) ? cb[ib] : 0;
+    }
+    bc->same = a->numel == bc->n && b->numel == bc->n;
+    bc->b_scalar = a->numel == bc->n && b->numel == 1;
+    bc->a_row = bc->b_row = 0;
+    if (!bc->same && a->numel == bc->n && row_of(out, b)) bc->b_row = b->numel;
+    if (!bc->same && b->numel == bc->n && row_of(out, a)) bc->a_row = a->numel;
+}
+
+void tg__add_into(tg_tensor *dst, const tg_tensor *src)
+{
+    tg_spec sp;
+    tg__spec_of(dst, &sp);
+    tg_bcast bc;
+    tg__bcast_desc(&sp, dst, src, &bc);
+    tg_binary_fn add = (tg_binary_fn)tg__kernel(TG_K_ADD, dst->backend, dst->dtype);
+    tg__run_binary(add, &bc, tg__tensor_ptr(dst), tg__tensor_ptr(src), tg__tensor_ptr(dst),
+                   tg__esize(dst->dtype));
 }

@@ -18,5 +18,14 @@ TG_INTERNAL void tg__run_grad2(tg_grad2_fn f, int64_t n, const void *s, const vo
                                double p, double q, size_t es, bool heavy);
 TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b,
                                 void *out, size_t es);
+/* Fills the kernel description for out = a op b, out of spec out (the
+ * broadcast of a's and b's shapes, as tg__broadcast_spec makes it). */
+TG_INTERNAL void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b,
+                                tg_bcast *bc);
+/* dst += src in place: the add kernel with dst as its output, as the add
+ * op runs it (same description, same split, same bits). The tape's
+ * gradient accumulation when it holds the only reference to dst. Same
+ * dtype, backend and shape, both contiguous. */
+TG_INTERNAL void tg__add_into(tg_tensor *dst, const tg_tensor *src);
 
 #endif

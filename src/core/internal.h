@@ -159,12 +159,6 @@ extern TG_THREAD_LOCAL bool tg__grad_disabled;
 /* Hands t to the innermost scope if one is open. Returns t. */
 TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
 
-/* ---- the tape's gradient accumulation */
-/* dst += src in place, through the add kernel with dst as its output
- * (ops/elementwise.c): the tape's gradient accumulation when it holds the
- * only reference to dst. Same dtype, backend and shape, both contiguous. */
-TG_INTERNAL void tg__add_into(tg_tensor *dst, const tg_tensor *src);
-
 /* ---- dispatch hooks the tape uses without including dispatch
  * (src/dispatch/registry.c) */
 TG_INTERNAL void tg__registry_init(void);

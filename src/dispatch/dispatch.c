@@ -1,6 +1,5 @@
 /* Dispatch: the one place where ops, kernels and the tape meet.
  * validate -> autodiff check -> shape rule -> kernel (forward) -> record. */
-#include <string.h>
 
 #include "dispatch/dispatch.h"
 #include "tape/tape_internal.h"
@@ -209,37 +208,6 @@ tg_status tg__broadcast_spec(const tg_op *op, const tg_tensor *a, const tg_tenso
 
 /* True when r, left-padded with 1s, is 1 on a prefix of out's dims and
  * equal to out on the rest: r is one row repeated over the leading dims. */
-static bool row_of(const tg_spec *out, const tg_tensor *r)
-{
-    int lead = out->ndim - r->ndim;
-    int d = 0;
-    while (d < r->ndim && r->shape[d] == 1 && out->shape[lead + d] != 1) d++;
-    for (; d < r->ndim; d++)
-        if (r->shape[d] != out->shape[lead + d]) return false;
-    return r->numel > 0;
-}
-
-void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b, tg_bcast *bc)
-{
-    int nd = out->ndim;
-    bc->ndim = nd;
-    bc->n = tg__numel(nd, out->shape);
-    memcpy(bc->shape, out->shape, sizeof bc->shape);
-    int64_t ca[TG_MAX_DIMS], cb[TG_MAX_DIMS];
-    tg__contig_strides(a->ndim, a->shape, ca);
-    tg__contig_strides(b->ndim, b->shape, cb);
-    for (int i = 0; i < nd; i++) {
-        int ia = a->ndim - nd + i, ib = b->ndim - nd + i;
-        bc->sa[i] = (ia >= 0 && a->shape[ia] != 1) ? ca[ia] : 0;
-        bc->sb[i] = (ib >= 0 && b->shape[ib] != 1) ? cb[ib] : 0;
-    }
-    bc->same = a->numel == bc->n && b->numel == bc->n;
-    bc->b_scalar = a->numel == bc->n && b->numel == 1;
-    bc->a_row = bc->b_row = 0;
-    if (!bc->same && a->numel == bc->n && row_of(out, b)) bc->b_row = b->numel;
-    if (!bc->same && b->numel == bc->n && row_of(out, a)) bc->a_row = a->numel;
-}
-
 tg_status tg__norm_dim(const tg_op *op, int argi, int64_t dim, int ndim, int *out)
 {
     int64_t d = dim < 0 ? dim + ndim : dim;

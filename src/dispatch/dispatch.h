@@ -21,9 +21,6 @@ TG_INTERNAL tg_status tg__broadcast_spec(const tg_op *op, const tg_tensor *a, co
                                          tg_spec *out);
 /* Whether shape (n) broadcasts to target (m). */
 TG_INTERNAL bool tg__broadcasts_to(int n, const int64_t *shape, int m, const int64_t *target);
-/* Fills the kernel description for out = a op b (out spec from above). */
-TG_INTERNAL void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b,
-                                tg_bcast *bc);
 /* Normalises dim (negative from the end) against ndim. */
 TG_INTERNAL tg_status tg__norm_dim(const tg_op *op, int argi, int64_t dim, int ndim, int *out);
 /* (outer, n, inner) split of shape around dim. */

@@ -22,13 +22,6 @@ static tg_tensor *binary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id 
     return out;
 }
 
-void tg__add_into(tg_tensor *dst, const tg_tensor *src)
-{
-    tg_spec sp;
-    tg__spec_of(dst, &sp);
-    tg__binary_kernel(TG_K_ADD, &sp, dst, src, tg__tensor_ptr(dst));
-}
-
 static tg_status finish(tg_tensor **gin, const tg_op_ctx *ctx)
 {
     for (int i = 0; i < 2; i++)

@@ -4,6 +4,8 @@
  * call, and the in-place accumulation inlined. */
 #include "tape/exec.h"
 
+#include "backend/parallel.h" /* tg__add_into */
+
 /* When the sweep holds the only reference to dst and to its storage (not
  * a view of another gradient, not a tensor anyone else can see, not
  * recorded on a tape), the sum is written into dst itself: the add kernel
