@@ -205,13 +205,18 @@ void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b, 
     if (!bc->same && b->numel == bc->n && row_of(out, a)) bc->a_row = a->numel;
 }
 
+void tg__binary_kernel(tg_kernel_id kid, const tg_spec *out_spec, const tg_tensor *a,
+                       const tg_tensor *b, void *out)
+{
+    tg_bcast bc;
+    tg__bcast_desc(out_spec, a, b, &bc);
+    tg__run_binary((tg_binary_fn)tg__kernel(kid, a->backend, a->dtype), &bc, tg__tensor_ptr(a),
+                   tg__tensor_ptr(b), out, tg__esize(a->dtype));
+}
+
 void tg__add_into(tg_tensor *dst, const tg_tensor *src)
 {
     tg_spec sp;
     tg__spec_of(dst, &sp);
-    tg_bcast bc;
-    tg__bcast_desc(&sp, dst, src, &bc);
-    tg_binary_fn add = (tg_binary_fn)tg__kernel(TG_K_ADD, dst->backend, dst->dtype);
-    tg__run_binary(add, &bc, tg__tensor_ptr(dst), tg__tensor_ptr(src), tg__tensor_ptr(dst),
-                   tg__esize(dst->dtype));
+    tg__binary_kernel(TG_K_ADD, &sp, dst, src, tg__tensor_ptr(dst));
 }

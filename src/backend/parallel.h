@@ -22,8 +22,13 @@ TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *
  * broadcast of a's and b's shapes, as tg__broadcast_spec makes it). */
 TG_INTERNAL void tg__bcast_desc(const tg_spec *out, const tg_tensor *a, const tg_tensor *b,
                                 tg_bcast *bc);
-/* dst += src in place: the add kernel with dst as its output, as the add
- * op runs it (same description, same split, same bits). The tape's
+/* out = a kid b over out_spec (broadcasting; out may be a's memory): the
+ * description and the split call above in one. The binary ops run their
+ * kernels through it. */
+TG_INTERNAL void tg__binary_kernel(tg_kernel_id kid, const tg_spec *out_spec, const tg_tensor *a,
+                                   const tg_tensor *b, void *out);
+/* dst += src in place: tg__binary_kernel(ADD) with dst as its output, as
+ * the add op runs it (same description, same split, same bits). The tape's
  * gradient accumulation when it holds the only reference to dst. Same
  * dtype, backend and shape, both contiguous. */
 TG_INTERNAL void tg__add_into(tg_tensor *dst, const tg_tensor *src);

@@ -38,10 +38,6 @@ TG_INTERNAL tg_tensor *tg__call1(const tg_op *op, tg_tensor *x, const tg_op_attr
 TG_INTERNAL tg_tensor *tg__call2(const tg_op *op, tg_tensor *a, tg_tensor *b,
                                  const tg_op_attrs *attrs);
 
-/* out = a kid b over out_spec (broadcasting, out may be a's memory): the
- * description and the split call above in one (ops/elementwise.c). */
-TG_INTERNAL void tg__binary_kernel(tg_kernel_id kid, const tg_spec *out_spec, const tg_tensor *a,
-                                   const tg_tensor *b, void *out);
 
 /* Contiguous copy of t (not scope-tracked, untracked), or a new reference
  * to t itself when it is already contiguous. */

@@ -6,15 +6,6 @@
 #include "ops/helpers.h"
 
 /* ---- arithmetic */
-void tg__binary_kernel(tg_kernel_id kid, const tg_spec *out_spec, const tg_tensor *a,
-                       const tg_tensor *b, void *out)
-{
-    tg_bcast bc;
-    tg__bcast_desc(out_spec, a, b, &bc);
-    tg__run_binary(TG_KERNEL(tg_binary_fn, kid, a), &bc, tg__tensor_ptr((tg_tensor *)a),
-                   tg__tensor_ptr((tg_tensor *)b), out, tg__esize(a->dtype));
-}
-
 static tg_tensor *binary_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid)
 {
     tg_tensor *out = tg_op_ctx_new_output(ctx);
