@@ -14,9 +14,15 @@
 /* initial-exec: a direct %fs-relative access instead of a __tls_get_addr
  * call per access in the shared library (which is linked, not dlopen'd). */
 #define TG_THREAD_LOCAL _Thread_local __attribute__((tls_model("initial-exec")))
+/* For the few functions on the per-node path that the compiler would
+ * leave out of line (called from two sites): the node executor, the
+ * unary maps' kernel calls. Measured by instruction count (cachegrind,
+ * 100-tanh chain): about 45 instructions per node. */
+#define TG_ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define TG_INTERNAL
 #define TG_THREAD_LOCAL _Thread_local
+#define TG_ALWAYS_INLINE inline
 #endif
 
 /* Data of one or more tensors (views share it). */

@@ -1,5 +1,5 @@
 /* The per-call context handed to an op's forward and backward functions.
- * Dispatch makes it for forward; the tape's node executor (tape/exec.c)
+ * Dispatch makes it for forward; the tape's node executor (tape/exec.h)
  * for recompute and backward. Both make it with tg__op_ctx below, the one
  * place that fills it. Accessors live in src/dispatch/opctx.c. */
 #ifndef TG_CORE_OPCTX_H

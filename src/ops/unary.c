@@ -47,7 +47,7 @@ typedef struct unary_def {
     double s_lo, s_hi;
 } unary_def;
 
-static void run_map(const unary_def *d, const tg_tensor *x, tg_tensor *y, const tg_op_attrs *a)
+static TG_ALWAYS_INLINE void run_map(const unary_def *d, const tg_tensor *x, tg_tensor *y, const tg_op_attrs *a)
 {
     size_t es = tg__esize(x->dtype);
     if (d->two)
@@ -59,7 +59,7 @@ static void run_map(const unary_def *d, const tg_tensor *x, tg_tensor *y, const 
 }
 
 /* gx = gy * f'(s), all three contiguous, of one dtype and shape. */
-static void run_grad(const unary_def *d, const tg_tensor *s, const tg_tensor *gy, tg_tensor *gx,
+static TG_ALWAYS_INLINE void run_grad(const unary_def *d, const tg_tensor *s, const tg_tensor *gy, tg_tensor *gx,
                      const tg_op_attrs *a)
 {
     size_t es = tg__esize(s->dtype);
