@@ -46,9 +46,10 @@ static void (*const ref_register[])(void) = {
 /* cpu's list, run after cpu's entries are copied from ref's: each
  * tg__cpu_<domain>_register overrides the entries it speeds up (reading
  * ref's entry first where it falls back to it) and calls nothing else. No
- * two set the same entry. vmath.c holds the f32 exp/tanh/sigmoid and the
- * f32 cross-entropy (they share its vector exp core). */
-#define TG_CPU_DOMAINS(X) X(matmul) X(elementwise) X(reduce) X(vmath) X(binary) X(conv)
+ * two set the same entry. Not quite one file per domain: vmath.c holds the
+ * f32 exp/tanh/sigmoid (unary) and the f32 cross-entropy (softmax_loss),
+ * which share its vector exp core. */
+#define TG_CPU_DOMAINS(X) X(unary) X(binary) X(reduce) X(shape) X(matmul) X(conv) X(vmath)
 
 #define TG__DECL(dom) TG_INTERNAL void tg__cpu_##dom##_register(void);
 TG_CPU_DOMAINS(TG__DECL)
