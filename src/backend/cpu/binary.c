@@ -1,6 +1,6 @@
 /* cpu backend: the binary arithmetic (add, sub, mul, div) and minimum /
  * maximum as unit-stride loops the compiler vectorizes: equal shapes, a
- * scalar b, and (arithmetic) a row broadcast either way, the common cases
+ * scalar b, and a row broadcast either way, the common cases
  * of a layer's bias and of a gradient's accumulation. Every other
  * broadcast runs ref's kernel, kept at registration: ref walks every
  * broadcast with a carry per dim. */
@@ -60,32 +60,13 @@ static tg_binary_fn ref_binary[2][6];
 BIN_SET(float, f32, TG_F32)
 BIN_SET(double, f64, TG_F64)
 
-#define DEF_MINMAX(name, KI, T, DT, CMP)                                            \
-    static void name(const tg_bcast *bc, const void *av, const void *bv, void *ov)  \
-    {                                                                               \
-        const T *a = av, *b = bv;                                 \
-        T *o = ov;                                                         \
-        int64_t n = bc->n;                                                          \
-        if (bc->same) {                                                             \
-            for (int64_t i = 0; i < n; i++) {                                       \
-                T x = a[i], y = b[i];                                               \
-                o[i] = x != x ? x : (y != y ? y : (x CMP y ? x : y));               \
-            }                                                                       \
-        } else if (bc->b_scalar) {                                                  \
-            const T y = b[0];                                                       \
-            for (int64_t i = 0; i < n; i++) {                                       \
-                T x = a[i];                                                         \
-                o[i] = x != x ? x : (y != y ? y : (x CMP y ? x : y));               \
-            }                                                                       \
-        } else {                                                                    \
-            ref_binary[DT][KI](bc, av, bv, ov);                                     \
-        }                                                                           \
-    }
-
-DEF_MINMAX(minimum_f32, 4, float, TG_F32, <=)
-DEF_MINMAX(maximum_f32, 5, float, TG_F32, >=)
-DEF_MINMAX(minimum_f64, 4, double, TG_F64, <=)
-DEF_MINMAX(maximum_f64, 5, double, TG_F64, >=)
+/* NaN in either operand gives NaN (the first one's), as ref does. */
+#define MIN_EXPR(x, y) ((x) != (x) ? (x) : ((y) != (y) ? (y) : ((x) <= (y) ? (x) : (y))))
+#define MAX_EXPR(x, y) ((x) != (x) ? (x) : ((y) != (y) ? (y) : ((x) >= (y) ? (x) : (y))))
+DEF_BIN(minimum_f32, 4, float, TG_F32, MIN_EXPR(x, y))
+DEF_BIN(maximum_f32, 5, float, TG_F32, MAX_EXPR(x, y))
+DEF_BIN(minimum_f64, 4, double, TG_F64, MIN_EXPR(x, y))
+DEF_BIN(maximum_f64, 5, double, TG_F64, MAX_EXPR(x, y))
 
 void tg__cpu_binary_register(void)
 {

@@ -6,6 +6,15 @@
 #include "backend/kernels.h"
 
 #define DEF_SOFTMAX(SFX, T, EXPF, LOGF)                                            \
+    /* The row's max and sum(exp(x - max)), the stable form both use. */    \
+    static void row_stats_##SFX(const T *xr, int64_t n, int64_t inner, double *mx, double *sum) \
+    {                                                                              \
+        double m = -INFINITY, s = 0.0;                                             \
+        for (int64_t i = 0; i < n; i++) m = fmax(m, (double)xr[i * inner]);        \
+        for (int64_t i = 0; i < n; i++) s += exp((double)xr[i * inner] - m);       \
+        *mx = m;                                                                   \
+        *sum = s;                                                                  \
+    }                                                                              \
     static void softmax_##SFX(int64_t outer, int64_t n, int64_t inner, const void *xv, void *yv) \
     {                                                                              \
         const T *x = xv;                                                           \
@@ -14,9 +23,8 @@
             for (int64_t k = 0; k < inner; k++) {                                  \
                 const T *xr = x + o * n * inner + k;                               \
                 T *yr = y + o * n * inner + k;                                     \
-                double mx = -INFINITY, sum = 0.0;                                  \
-                for (int64_t i = 0; i < n; i++) mx = fmax(mx, (double)xr[i * inner]); \
-                for (int64_t i = 0; i < n; i++) sum += exp((double)xr[i * inner] - mx); \
+                double mx, sum;                                                    \
+                row_stats_##SFX(xr, n, inner, &mx, &sum);                          \
                 for (int64_t i = 0; i < n; i++)                                    \
                     yr[i * inner] = (T)(exp((double)xr[i * inner] - mx) / sum);    \
             }                                                                      \
@@ -29,9 +37,8 @@
             for (int64_t k = 0; k < inner; k++) {                                  \
                 const T *xr = x + o * n * inner + k;                               \
                 T *yr = y + o * n * inner + k;                                     \
-                double mx = -INFINITY, sum = 0.0;                                  \
-                for (int64_t i = 0; i < n; i++) mx = fmax(mx, (double)xr[i * inner]); \
-                for (int64_t i = 0; i < n; i++) sum += exp((double)xr[i * inner] - mx); \
+                double mx, sum;                                                    \
+                row_stats_##SFX(xr, n, inner, &mx, &sum);                          \
                 double lse = mx + log(sum);                                        \
                 for (int64_t i = 0; i < n; i++) yr[i * inner] = (T)((double)xr[i * inner] - lse); \
             }                                                                      \
