@@ -116,9 +116,10 @@ void tu_expect_values(const tg_tensor *t, const double *want, int64_t n, double 
     }
 }
 
-void tu_expect_shape_at(int line, const tg_tensor *t, int ndim, const int64_t *shape)
+/* t is not NULL and has this shape; be names the backend in messages. */
+static void expect_shape(int line, const char *be, const tg_tensor *t, int ndim,
+                         const int64_t *shape)
 {
-    const char *be = tg_backend_name(tg_default_backend());
     cr_assert_not_null(t, "line %d [%s]: tensor is NULL (%s: %s)", line, be,
                        tg_strerror(tg_last_error()), tg_last_error_message());
     cr_assert_eq(tg_tensor_ndim(t), ndim, "line %d [%s]: ndim %d, expected %d", line, be,
@@ -128,17 +129,16 @@ void tu_expect_shape_at(int line, const tg_tensor *t, int ndim, const int64_t *s
                      line, be, i, (long long)tg_tensor_shape(t)[i], (long long)shape[i]);
 }
 
+void tu_expect_shape_at(int line, const tg_tensor *t, int ndim, const int64_t *shape)
+{
+    expect_shape(line, tg_backend_name(tg_default_backend()), t, ndim, shape);
+}
+
 void tu_expect_tensor(int line, const tg_tensor *t, int ndim, const int64_t *shape,
                       const double *want, int64_t n, double tol)
 {
     const char *be = tg_backend_name(tu_cur);
-    cr_assert_not_null(t, "line %d [%s]: NULL result (%s: %s)", line, be,
-                       tg_strerror(tg_last_error()), tg_last_error_message());
-    cr_assert_eq(tg_tensor_ndim(t), ndim, "line %d [%s]: ndim %d, expected %d", line, be,
-                 tg_tensor_ndim(t), ndim);
-    for (int i = 0; i < ndim; i++)
-        cr_assert_eq(tg_tensor_shape(t)[i], shape[i], "line %d [%s]: dim %d is %lld, expected %lld",
-                     line, be, i, (long long)tg_tensor_shape(t)[i], (long long)shape[i]);
+    expect_shape(line, be, t, ndim, shape);
     cr_assert_eq(tg_tensor_backend(t), tu_cur, "line %d [%s]: result on %s", line, be,
                  tg_backend_name(tg_tensor_backend(t)));
     cr_assert_eq(tg_tensor_numel(t), n, "line %d [%s]", line, be);
