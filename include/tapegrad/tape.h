@@ -115,12 +115,52 @@ tg_status tg_tape_export_dot(const tg_tape *tape, const char *path);
 /* Reverse sweep from loss, which must hold one element (else TG_ERR_SEED).
  * Gradients accumulate (+=) into the leaves' grads. Saved tensors and
  * intermediate gradients are freed as soon as the sweep no longer needs
- * them, so a second backward over the same record fails with TG_ERR_STALE.
- * Backward runs with grad recording disabled. */
+ * them, so a second backward over the same record fails with TG_ERR_STALE
+ * at the first node whose backward reads saved values (keep them with
+ * tg_backward_ex's retain). Backward runs with grad recording disabled. */
 tg_status tg_backward(tg_tensor *loss);
 /* Same, seeding d(out) with seed, which must have out's shape and dtype
  * (else TG_ERR_SHAPE, the message naming both) and backend (TG_ERR_DEVICE). */
 tg_status tg_backward_seed(tg_tensor *out, const tg_tensor *seed);
+
+/* ---- Higher order and chosen gradients (docs/higher-order.md). */
+typedef struct tg_grad_opts {
+    /* Record the backward's own ops on the tape: the gradients it returns
+     * are tracked tensors, usable in further ops and differentiable again
+     * (to any order). Implies retain. */
+    bool create_graph;
+    /* Keep every node's saved tensors: the same record can be swept again
+     * (without it, a second sweep through a node whose backward reads saved
+     * values fails with TG_ERR_STALE; nodes that read none never do). */
+    bool retain;
+    /* tg_grad_of: an input no output depends on gets a zero gradient (else
+     * TG_ERR_NO_GRAD naming it). */
+    bool allow_unused;
+} tg_grad_opts;
+
+/* tg_backward / tg_backward_seed with options (NULL opts: tg_backward's
+ * behaviour). seed NULL: out must hold one element and is seeded with 1.
+ * Under create_graph each leaf's gradient is a tracked tensor: a first
+ * one is stored as it is (not copied), and later ones are added to it by
+ * a recorded add. Errors as tg_backward_seed's. */
+tg_status tg_backward_ex(tg_tensor *out, const tg_tensor *seed, const tg_grad_opts *opts);
+/* Gradients of sum_k <seeds[k], outs[k]> with respect to inputs[0..nin),
+ * into grads[0..nin): PyTorch's torch.autograd.grad. seeds may be NULL
+ * (every output then holds one element, seeded with 1) or hold NULL
+ * entries for such outputs. Inputs may be leaves or interior results
+ * (their gradient is the one flowing into them: an intermediate
+ * gradient); an input listed twice gets the same tensor twice. Nothing is
+ * accumulated into any leaf's grad, and only the nodes between the
+ * outputs and the inputs are swept. Each result follows the op-result rule
+ * (scope-owned inside a scope, else a new reference); under create_graph
+ * they are tracked. Errors: TG_ERR_INVALID (counts, NULL arrays),
+ * TG_ERR_NULL (a NULL output or input), TG_ERR_NO_GRAD (an untracked
+ * output or input, or an input no output reaches without allow_unused),
+ * TG_ERR_TAPE (two tapes), TG_ERR_STALE (a stale tensor, or a node freed
+ * by an earlier sweep), TG_ERR_SEED / TG_ERR_SHAPE / TG_ERR_DEVICE (seeds);
+ * on error every grads[j] is NULL. */
+tg_status tg_grad_of(int nout, tg_tensor *const *outs, tg_tensor *const *seeds, int nin,
+                     tg_tensor *const *inputs, tg_tensor **grads, const tg_grad_opts *opts);
 
 /* Borrowed pointer to the accumulated gradient of leaf t; valid until
  * tg_grad_zero(t) or t's release. NULL with TG_ERR_NO_GRAD if t is not a

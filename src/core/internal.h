@@ -160,6 +160,17 @@ TG_INTERNAL tg_status tg__check_dtype(const char *op, tg_dtype dtype);
 
 /* ---- grad mode (src/tape/tape.c), read on every op */
 extern TG_THREAD_LOCAL bool tg__grad_disabled;
+/* The op whose backward a create_graph sweep is recording (tape/grad.c),
+ * NULL otherwise: dispatch names it when that backward calls an op that
+ * cannot be differentiated. */
+extern TG_THREAD_LOCAL const char *tg__backward_of;
+/* Whether an op on t would be recorded now: a backward's fast path that
+ * calls kernels directly is only right when nothing records (first-order
+ * backward runs with grad off; create_graph with it on). */
+static inline bool tg__records(const tg_tensor *t)
+{
+    return !tg__grad_disabled && t && t->tape;
+}
 
 /* ---- scopes (src/core/scope.c) */
 /* Hands t to the innermost scope if one is open. Returns t. */

@@ -50,6 +50,11 @@ static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, b
     if (*tape && !op->backward) {
         int first = 0;
         while (!tracked[first]) first++;
+        if (tg__backward_of)
+            return tg__err(TG_ERR_NOT_DIFFERENTIABLE,
+                           "op '%s' is not marked for autodiff: input %d requires grad, in the "
+                           "backward of '%s' recorded for create_graph (that op has no second "
+                           "derivative)", op->name, first, tg__backward_of);
         return tg__err(TG_ERR_NOT_DIFFERENTIABLE,
                        "op '%s' is not marked for autodiff: input %d requires grad (detach it "
                        "with tg_detach, or register a backward)", op->name, first);

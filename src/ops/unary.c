@@ -88,7 +88,8 @@ static tg_status map_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin, const
                          const unary_def *d)
 {
     tg_tensor *s = d->from_output ? tg_op_ctx_output(ctx) : tg_op_ctx_input(ctx, 0);
-    if (s && gout && s->contiguous && gout->contiguous && s->dtype == gout->dtype &&
+    if (s && gout && !tg__records(s) && !tg__records(gout) && s->contiguous && gout->contiguous &&
+        s->dtype == gout->dtype &&
         s->backend == gout->backend &&
         tg__same_shape(s->ndim, s->shape, gout->ndim, gout->shape)) {
         tg_tensor *gx = tg__tensor_empty(s->dtype, s->ndim, s->shape, s->backend);

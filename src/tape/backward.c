@@ -66,10 +66,10 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
         tg_node *n = &tape->nodes[i];
         tg_tensor *g = grads[n->out_slot];
         if (g) {
-            if (n->consumed) {
+            if (n->consumed && n->needs_state) {
                 st = tg__err(TG_ERR_STALE, "backward through '%s' a second time: its saved "
-                                           "tensors were freed by an earlier tg_backward",
-                             n->op->name);
+                                           "tensors were freed by an earlier tg_backward (keep "
+                                           "them with tg_backward_ex's retain)", n->op->name);
                 break;
             }
             grads[n->out_slot] = NULL;

@@ -246,6 +246,9 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->attrs = *attrs;
     n->nin = nin;
     n->consumed = false;
+    /* A node whose backward reads nothing (mul_scalar, sum) can be swept
+     * again after its record was released. */
+    n->needs_state = op->saves != 0 || nextra > 0;
     n->backend = out->backend;
     n->saved_bytes = 0;
     n->recompute = recompute;

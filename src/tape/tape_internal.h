@@ -10,6 +10,7 @@ typedef struct tg_node {
     tg_op_attrs attrs;
     int nin;
     bool consumed;                       /* saved state released by backward */
+    bool needs_state;                    /* backward reads saved or recomputed values */
     int32_t out_slot;
     int32_t in_slot[TG_OP_MAX_INPUTS];   /* -1: input needs no gradient */
     tg_spec in_spec[TG_OP_MAX_INPUTS];
