@@ -18,7 +18,7 @@ static const char usage_text[] =
     "commands:\n"
     "  ops [--markdown]             list the op registry: name, arity, backward, cost class, doc;\n"
     "                               --markdown prints docs/ops.md, made from the registry\n"
-    "  gradcheck [--backend ref|cpu|both] [--fast] [--summary] [OP...]\n"
+    "  gradcheck [--backend ref|cpu|both] [--order 1|2] [--fast] [--summary] [OP...]\n"
     "                               gradient-check every differentiable op (or the OPs named)\n"
     "                               against central differences in f64; default: both backends;\n"
     "                               --summary prints only failures and totals\n"
@@ -319,6 +319,7 @@ static int cmd_gradcheck(int argc, char **argv)
     double worst_abs = 0, worst_rel = 0;
     const char *worst_op = "-";
     tg_gradcheck_opts opts = {.seed = 1};
+    int order = 1; /* 2: second derivatives (tg_gradgradcheck_op) */
     const char **names = calloc((size_t)argc, sizeof *names);
     int nnames = 0, status = CLI_USAGE;
     if (!names) {
@@ -333,6 +334,15 @@ static int cmd_gradcheck(int argc, char **argv)
         }
         if (strcmp(a, "--summary") == 0) {
             summary = true;
+            continue;
+        }
+        if (strcmp(a, "--order") == 0 || strncmp(a, "--order=", 8) == 0) {
+            const char *o = a[7] == '=' ? a + 8 : (i + 1 < argc ? argv[++i] : "");
+            if (strcmp(o, "1") != 0 && strcmp(o, "2") != 0) {
+                fprintf(stderr, "tapegrad %s: --order needs 1 or 2, got '%s'\n", cmd, o);
+                goto out;
+            }
+            order = o[0] - '0';
             continue;
         }
         if (strcmp(a, "--backend") == 0) {
@@ -370,7 +380,8 @@ static int cmd_gradcheck(int argc, char **argv)
         use[TG_BACKEND_CPU] = !ref;
     }
 
-    printf("gradcheck: %s mode (%s), backends:%s%s\n",
+    printf("gradcheck: %s, %s mode (%s), backends:%s%s\n",
+           order == 2 ? "second derivatives (gradgradcheck)" : "first derivatives",
            opts.fast ? "fast" : "full",
            opts.fast ? "random directional derivatives" : "every input element",
            use[TG_BACKEND_REF] ? " ref" : "", use[TG_BACKEND_CPU] ? " cpu" : "");
@@ -396,7 +407,8 @@ static int cmd_gradcheck(int argc, char **argv)
             if (!use[b]) continue;
             tg_op_check rep;
             tg_error_clear();
-            tg_status st = tg_gradcheck_op(op, (tg_backend)b, &opts, &rep);
+            tg_status st = order == 2 ? tg_gradgradcheck_op(op, (tg_backend)b, &opts, &rep)
+                                      : tg_gradcheck_op(op, (tg_backend)b, &opts, &rep);
             if (rep.max_abs_err > worst_abs) {
                 worst_abs = rep.max_abs_err;
                 worst_op = op->name;

@@ -36,6 +36,20 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *userdata, int n,
                        tg_tensor *const *inputs, const tg_gradcheck_opts *opts,
                        tg_gradcheck_result *results);
 
+/* Second derivatives: checks h(x, v) = J(x)^T v, the gradient of fn at x
+ * seeded with v (the floating inputs' gradients flattened and joined), with
+ * tg_gradcheck over the inputs and v: its analytic gradient comes from a
+ * create_graph sweep (tg_grad_of) differentiated again, its numeric one
+ * from central differences of h (each evaluation a first-order sweep on a
+ * private tape). v is a fixed random tensor of fn's output shape (f64,
+ * entries in [-1, 1), seeded by opts->seed). opts as tg_gradcheck's (fast
+ * mode: random directions). results has n + 1 entries (may be NULL): the
+ * inputs, then v. At most 15 inputs, all floating ones f64. Returns as
+ * tg_gradcheck does. */
+tg_status tg_gradgradcheck(tg_gradcheck_fn fn, void *userdata, int n,
+                           tg_tensor *const *inputs, const tg_gradcheck_opts *opts,
+                           tg_gradcheck_result *results);
+
 /* Summary of tg_gradcheck_op over every case of one registered op. */
 typedef struct tg_op_check {
     int cases;           /* cases run (0: the op has no .sample) */
@@ -53,5 +67,9 @@ typedef struct tg_op_check {
 struct tg_op;
 tg_status tg_gradcheck_op(const struct tg_op *op, tg_backend backend,
                           const tg_gradcheck_opts *opts, tg_op_check *report);
+/* The same with tg_gradgradcheck on every case: the op's second
+ * derivatives (report's inputs count the seed v as input n). */
+tg_status tg_gradgradcheck_op(const struct tg_op *op, tg_backend backend,
+                              const tg_gradcheck_opts *opts, tg_op_check *report);
 
 #endif

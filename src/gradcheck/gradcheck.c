@@ -185,6 +185,121 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
     return TG_OK;
 }
 
+/* ---- second order
+ * The function checked is h(x, v) = J(x)^T v (tg_grad_of of fn at x with
+ * seed v), the floating inputs' gradients flattened and joined: its
+ * gradient with respect to x is the second derivative of fn contracted
+ * with v, with respect to v fn's Jacobian again. tg_gradcheck checks it
+ * like any function: the analytic side differentiates the gradients that
+ * a create_graph sweep recorded, the numeric side differences h, which is
+ * evaluated on a private tape of its own. */
+typedef struct {
+    tg_gradcheck_fn fn;
+    void *ud;
+    tg_dtype ydtype;
+} vjp_problem;
+
+static tg_tensor *vjp_fn(void *ud, int m, tg_tensor *const *in)
+{
+    vjp_problem *p = ud;
+    int n = m - 1, nf = 0;
+    bool analytic = tg_grad_enabled();
+    for (int i = 0; i < n; i++) analytic = analytic && (!tg__is_float(in[i]->dtype) ||
+                                                       tg_tensor_requires_grad(in[i]));
+    tg_tape *tape = NULL;
+    tg_tensor *xs[16] = {0}, *xf[16], *g[16] = {0}, *flat[16], *out = NULL;
+    bool prev = tg_grad_set_enabled(true);
+    tg_scope_begin();
+    if (!analytic) tape = tg_tape_new(NULL);
+    tg_status st = analytic || tape ? TG_OK : TG_ERR_NOMEM;
+    for (int i = 0; i < n && !st; i++) {
+        xs[i] = in[i];
+        if (!tg__is_float(in[i]->dtype)) continue;
+        if (!analytic) {
+            xs[i] = tg__scope_track(copy_of(in[i]));
+            st = xs[i] ? tg_requires_grad(tape, xs[i]) : TG_ERR_NOMEM;
+        }
+        xf[nf++] = xs[i];
+    }
+    tg_tensor *y = st ? NULL : p->fn(p->ud, n, xs);
+    if (!st && !y) st = tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
+    if (y && !y->scope_owned) tg__scope_track(y);
+    if (!st && tg_tensor_requires_grad(y)) {
+        tg_tensor *v = in[n]->dtype == y->dtype ? in[n] : tg_cast(in[n], y->dtype);
+        tg_grad_opts go = {.create_graph = analytic, .allow_unused = true};
+        st = v ? tg_grad_of(1, &y, &v, nf, xf, g, &go) : tg_last_error();
+    } else if (!st) {
+        /* y does not depend on x: h is 0 */
+        for (int i = 0; i < nf && !st; i++) {
+            g[i] = tg_zeros(xf[i]->dtype, xf[i]->ndim, xf[i]->shape);
+            if (!g[i]) st = tg_last_error();
+        }
+    }
+    for (int i = 0; i < nf && !st; i++) {
+        flat[i] = tg_reshape(g[i], 1, (int64_t[]){xf[i]->numel});
+        if (!flat[i]) st = tg_last_error();
+    }
+    if (!st) {
+        out = nf == 1 ? flat[0] : tg_concat(nf, flat, 0);
+        if (!out) st = tg_last_error();
+    }
+    /* Numeric side: an untracked copy, which outlives the private tape. */
+    if (out) out = analytic ? tg_tensor_retain(out) : copy_of(out);
+    tg_scope_end();
+    tg_tape_free(tape);
+    tg_grad_set_enabled(prev);
+    return out;
+}
+
+tg_status tg_gradgradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *inputs,
+                           const tg_gradcheck_opts *opts, tg_gradcheck_result *results)
+{
+    if (!fn) return tg__err(TG_ERR_NULL, "bad argument #1 to 'gradgradcheck' (NULL function)");
+    if (n < 1 || n > 15 || !inputs)
+        return tg__err(TG_ERR_INVALID, "bad argument #3 to 'gradgradcheck' (%d inputs; need 1..15)",
+                       n);
+    for (int i = 0; i < n; i++) {
+        if (!inputs[i]) return tg__err_null("gradgradcheck", 4);
+        if (inputs[i]->dtype == TG_F32)
+            return tg__err(TG_ERR_DTYPE, "bad argument #4 to 'gradgradcheck' (input %d is f32; "
+                                         "gradgradcheck needs f64 inputs)", i);
+    }
+    /* y's spec, for the seed v: one untracked evaluation. */
+    bool prev = tg_grad_set_enabled(false);
+    tg_scope_begin();
+    tg_tensor *y = fn(ud, n, inputs);
+    tg_spec ys = {0};
+    tg_backend yb = TG_BACKEND_REF;
+    if (y) {
+        tg__spec_of(y, &ys);
+        yb = y->backend;
+        if (!y->scope_owned) tg_tensor_release(y);
+    }
+    tg_status st = y ? TG_OK : (tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL);
+    tg_scope_end();
+    tg_grad_set_enabled(prev);
+    if (st) return st;
+    if (!tg__is_float(ys.dtype))
+        return tg__err(TG_ERR_DTYPE, "gradgradcheck: function returned a %s tensor",
+                       tg_dtype_name(ys.dtype));
+    tg_tensor *v = tg__tensor_empty(TG_F64, ys.ndim, ys.shape, yb);
+    if (!v) return TG_ERR_NOMEM;
+    tg_rng rng;
+    tg_rng_seed(&rng, (opts ? opts->seed : 1) + 777);
+    for (int64_t i = 0; i < v->numel; i++)
+        ((double *)tg__tensor_ptr(v))[i] = 2.0 * tg_rng_double(&rng) - 1.0;
+    tg_tensor *in[16];
+    for (int i = 0; i < n; i++) in[i] = inputs[i];
+    in[n] = v;
+    vjp_problem p = {.fn = fn, .ud = ud, .ydtype = ys.dtype};
+    tg_gradcheck_result res[16];
+    memset(res, 0, sizeof res);
+    st = tg_gradcheck(vjp_fn, &p, n + 1, in, opts, res);
+    tg_tensor_release(v);
+    if (results) memcpy(results, res, (size_t)(n + 1) * sizeof *results);
+    return st;
+}
+
 /* ---- one registered op over all its sample cases */
 typedef struct {
     const tg_op *op;
@@ -197,15 +312,15 @@ static tg_tensor *call_op(void *ud, int n, tg_tensor *const *in)
     return tg_op_call(c->op, n, in, &c->attrs);
 }
 
-tg_status tg_gradcheck_op(const tg_op *op, tg_backend backend, const tg_gradcheck_opts *opts,
-                          tg_op_check *report)
+static tg_status check_op(const char *who, int order, const tg_op *op, tg_backend backend,
+                          const tg_gradcheck_opts *opts, tg_op_check *report)
 {
     tg_op_check rep = {.worst_case = -1, .worst_input = -1};
     if (report) *report = rep;
-    if (!op) return tg__err(TG_ERR_NULL, "bad argument #1 to 'gradcheck_op' (NULL op)");
+    if (!op) return tg__err(TG_ERR_NULL, "bad argument #1 to '%s' (NULL op)", who);
     if (!op->backward)
-        return tg__err(TG_ERR_INVALID, "bad argument #1 to 'gradcheck_op' (op '%s' is not "
-                                       "differentiable)", op->name);
+        return tg__err(TG_ERR_INVALID, "bad argument #1 to '%s' (op '%s' is not "
+                                       "differentiable)", who, op->name);
     if (!op->sample)
         return tg__err(TG_ERR_NOT_FOUND, "op '%s' has no gradcheck cases (.sample is NULL)",
                        op->name);
@@ -231,8 +346,10 @@ tg_status tg_gradcheck_op(const tg_op *op, tg_backend backend, const tg_gradchec
         if (n < 0 || n > TG_OP_MAX_INPUTS) {
             st = tg__err(TG_ERR_INTERNAL, "sample of op '%s' failed for case %d", op->name, k);
         } else {
-            tg_gradcheck_result res[TG_OP_MAX_INPUTS];
-            tg_status cst = tg_gradcheck(call_op, &c, n, in, opts, res);
+            tg_gradcheck_result res[TG_OP_MAX_INPUTS + 1];
+            tg_status cst = order == 2 ? tg_gradgradcheck(call_op, &c, n, in, opts, res)
+                                       : tg_gradcheck(call_op, &c, n, in, opts, res);
+            int nres = order == 2 ? n + 1 : n; /* second order: the seed too */
             rep.cases++;
             if (cst == TG_ERR_GRADCHECK) {
                 rep.failed++;
@@ -245,7 +362,7 @@ tg_status tg_gradcheck_op(const tg_op *op, tg_backend backend, const tg_gradchec
                 st = cst;
             }
             /* res is filled only when the check itself ran. */
-            for (int i = 0; i < n && (cst == TG_OK || cst == TG_ERR_GRADCHECK); i++) {
+            for (int i = 0; i < nres && (cst == TG_OK || cst == TG_ERR_GRADCHECK); i++) {
                 if (!res[i].checked) continue;
                 if (res[i].max_abs_err >= rep.max_abs_err) {
                     rep.max_abs_err = res[i].max_abs_err;
@@ -265,4 +382,16 @@ tg_status tg_gradcheck_op(const tg_op *op, tg_backend backend, const tg_gradchec
                        op->name);
     if (first_fail) return tg__err(TG_ERR_GRADCHECK, "%s", fail_msg);
     return TG_OK;
+}
+
+tg_status tg_gradcheck_op(const tg_op *op, tg_backend backend, const tg_gradcheck_opts *opts,
+                          tg_op_check *report)
+{
+    return check_op("gradcheck_op", 1, op, backend, opts, report);
+}
+
+tg_status tg_gradgradcheck_op(const tg_op *op, tg_backend backend, const tg_gradcheck_opts *opts,
+                              tg_op_check *report)
+{
+    return check_op("gradgradcheck_op", 2, op, backend, opts, report);
 }
