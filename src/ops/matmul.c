@@ -256,7 +256,11 @@ static tg_status affine_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
     const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0), *bs = tg_op_ctx_input_spec(ctx, 2);
     int64_t n = w->shape[0], k = w->shape[1], m = tg__numel(xs->ndim - 1, xs->shape);
-    if (g->contiguous && m > 1 && n > 1 && k > 1) return affine_bwd_direct(ctx, g, gin, m, n, k);
+    /* The direct GEMMs record nothing: not while a create_graph sweep
+     * records this backward. */
+    if (g->contiguous && m > 1 && n > 1 && k > 1 && !tg__records(g) && !tg__records(x) &&
+        !tg__records(w))
+        return affine_bwd_direct(ctx, g, gin, m, n, k);
     tg_tensor *g2 = g->ndim == 2 ? g : tg_reshape(g, 2, (int64_t[]){m, n});
     if (!g2) return tg_last_error();
     if (tg_op_ctx_needs_grad(ctx, 0)) {
