@@ -22,6 +22,7 @@ extern "C" {
 #include "tapegrad/ops.h"
 #include "tapegrad/nn.h"
 #include "tapegrad/gradcheck.h"
+#include "tapegrad/functional.h"
 #include "tapegrad/data.h"
 #include "tapegrad/layers.h"
 #include "tapegrad/params.h"
