@@ -126,9 +126,10 @@ static int sample_case(const tg_op *op, int k, tg_tensor **in, tg_op_attrs *attr
 /* Gradient-checks the cases of op on backend be: every case in full mode,
  * only case 0 in fast mode. Failures are logged naming the op, case,
  * backend, input and errors. Returns the number of cases that ran. */
-static int check_op_on(const tg_op *op, tg_backend be, bool fast, sweep_log *lg)
+static int check_op_on(const tg_op *op, tg_backend be, bool fast, int order, sweep_log *lg)
 {
-    const char *mode = fast ? " (fast mode)" : "";
+    const char *mode = order == 2 ? (fast ? " (second order, fast mode)" : " (second order)")
+                                  : (fast ? " (fast mode)" : "");
     tg_backend prev = tg_set_default_backend(be);
     int ncases = 0, k;
     for (k = 0; k < MAX_CASES; k++) {
@@ -142,17 +143,20 @@ static int check_op_on(const tg_op *op, tg_backend be, bool fast, sweep_log *lg)
                                .fast = fast,
                                .directions = 6,
                                .seed = 17u + (uint64_t)k};
-        tg_gradcheck_result res[TG_OP_MAX_INPUTS];
+        /* second order: tg_gradgradcheck, whose last entry is the seed */
+        tg_gradcheck_result res[TG_OP_MAX_INPUTS + 1];
         memset(res, 0, sizeof res);
         tg_error_clear();
-        tg_status st = tg_gradcheck(call_op, &c, n, in, &o, res);
+        tg_status st = order == 2 ? tg_gradgradcheck(call_op, &c, n, in, &o, res)
+                                  : tg_gradcheck(call_op, &c, n, in, &o, res);
+        int nres = order == 2 ? n + 1 : n;
         ncases++;
         int nchecked = 0;
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < nres; i++)
             nchecked += res[i].checked;
         if (st == TG_ERR_GRADCHECK) {
             int named = 0;
-            for (int i = 0; i < n; i++) {
+            for (int i = 0; i < nres; i++) {
                 if (!res[i].checked || res[i].passed) continue;
                 named++;
                 log_fail(lg,
@@ -214,7 +218,7 @@ static int ops_lacking_cases(const char **names, int cap)
 /* The sweep: every differentiable op on both backends. covered[i] (one per
  * registry index, may be NULL) records which ops were checked on both.
  * Returns the number of such ops; *ncases counts the cases that ran. */
-static int run_sweep(bool fast, sweep_log *lg, bool *covered, int *ncases)
+static int run_sweep(bool fast, int order, sweep_log *lg, bool *covered, int *ncases)
 {
     int nops = 0;
     *ncases = 0;
@@ -232,7 +236,7 @@ static int run_sweep(bool fast, sweep_log *lg, bool *covered, int *ncases)
         }
         int on_both = 0;
         for (int b = 0; b < 2; b++) {
-            int nc = check_op_on(op, backends[b], fast, lg);
+            int nc = check_op_on(op, backends[b], fast, order, lg);
             if (nc == 0)
                 log_fail(lg, "op '%s' has no gradcheck cases on %s", op->name,
                          tg_backend_name(backends[b]));
@@ -267,7 +271,7 @@ Test(sweep, every_differentiable_op_passes_gradcheck_on_both_backends)
     sweep_log *lg = calloc(1, sizeof *lg);
     cr_assert(lg != NULL);
     int ncases = 0;
-    int nops = run_sweep(false, lg, NULL, &ncases);
+    int nops = run_sweep(false, 1, lg, NULL, &ncases);
     cr_expect_eq(lg->failures, 0, "%d gradcheck failure(s):\n%s", lg->failures, lg->text);
     cr_expect_eq(nops, count_differentiable(),
                  "checked %d ops on both backends, registry has %d "
@@ -287,11 +291,159 @@ Test(sweep, every_differentiable_op_passes_fast_directional_gradcheck_on_both_ba
     sweep_log *lg = calloc(1, sizeof *lg);
     cr_assert(lg != NULL);
     int ncases = 0;
-    int nops = run_sweep(true, lg, NULL, &ncases);
+    int nops = run_sweep(true, 1, lg, NULL, &ncases);
     cr_expect_eq(lg->failures, 0, "%d fast-mode gradcheck failure(s):\n%s", lg->failures, lg->text);
     cr_expect_eq(nops, count_differentiable());
     cr_expect_eq(ncases, 2 * nops, "fast mode runs once per op and backend: %d cases, %d ops",
                  ncases, nops);
+    free(lg);
+    tu_expect_no_leaks(mem0);
+}
+
+/* Second order: no differentiable op is first-order only. */
+Test(sweep, every_differentiable_op_passes_gradgradcheck_on_both_backends)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    sweep_log *lg = calloc(1, sizeof *lg);
+    cr_assert(lg != NULL);
+    int ncases = 0;
+    int nops = run_sweep(false, 2, lg, NULL, &ncases);
+    cr_expect_eq(lg->failures, 0, "%d gradgradcheck failure(s):\n%s", lg->failures, lg->text);
+    cr_expect_eq(nops, count_differentiable());
+    cr_expect_geq(ncases, 2 * nops, "only %d cases over %d ops", ncases, nops);
+    cr_log_info("sweep: %d differentiable ops, %d gradgradcheck cases passed (both backends)",
+                nops, ncases);
+    free(lg);
+    tu_expect_no_leaks(mem0);
+}
+
+Test(sweep, every_differentiable_op_passes_fast_gradgradcheck_on_both_backends)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    sweep_log *lg = calloc(1, sizeof *lg);
+    cr_assert(lg != NULL);
+    int ncases = 0;
+    int nops = run_sweep(true, 2, lg, NULL, &ncases);
+    cr_expect_eq(lg->failures, 0, "%d fast gradgradcheck failure(s):\n%s", lg->failures, lg->text);
+    cr_expect_eq(nops, count_differentiable());
+    free(lg);
+    tu_expect_no_leaks(mem0);
+}
+
+/* ---- Second-order results under each checkpoint policy: the HVP-like
+ * d<J^T v, w>/dx of one op call, recorded under NONE, BALANCED, BUDGET,
+ * and inside a tg_checkpoint segment, must be bitwise the same. Returns
+ * the values, all float inputs' results joined (malloc'd), *len their
+ * count; NULL when the op has no second-order path for this case (the
+ * output does not depend on the inputs). */
+static double *second_order_values(const op_call *c, int n, tg_tensor *const *in, int variant,
+                                   int64_t *len, sweep_log *lg)
+{
+    static const tg_tape_opts opts[4] = {
+        {.policy = TG_CHECKPOINT_NONE},
+        {.policy = TG_CHECKPOINT_BALANCED},
+        {.policy = TG_CHECKPOINT_BUDGET, .budget_bytes = 1 << 24},
+        {.policy = TG_CHECKPOINT_NONE},
+    };
+    tg_scope_begin();
+    tg_tape *tape = tg_tape_new(&opts[variant]);
+    tg_tensor *x[TG_OP_MAX_INPUTS], *xf[TG_OP_MAX_INPUTS], *g[TG_OP_MAX_INPUTS],
+        *h[TG_OP_MAX_INPUTS];
+    int nf = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = in[i];
+        if (!tu_is_float(tg_tensor_dtype(in[i]))) continue;
+        x[i] = tg_contiguous(tg_detach(in[i]));
+        x[i] = tg_add_scalar(x[i], 0.0); /* a copy of its own */
+        cr_assert_eq(tg_requires_grad(tape, x[i]), TG_OK, "%s", tg_last_error_message());
+        xf[nf++] = x[i];
+    }
+    if (variant == 3) tg_checkpoint_begin(tape);
+    tg_tensor *y = tg_op_call(c->op, n, x, &c->attrs);
+    if (variant == 3) tg_checkpoint_end(tape);
+    cr_assert_not_null(y, "'%s': %s", c->op->name, tg_last_error_message());
+    double *out = NULL;
+    *len = 0;
+    if (tg_tensor_requires_grad(y) && tu_is_float(tg_tensor_dtype(y))) {
+        tg_rng r;
+        tg_rng_seed(&r, 99);
+        tg_tensor *v = tg_cast(tg_rand_uniform(&r, TG_F64, tg_tensor_ndim(y), tg_tensor_shape(y),
+                                               -1.0, 1.0),
+                               tg_tensor_dtype(y));
+        v = tg_to_device(v, tg_tensor_backend(y));
+        tg_grad_opts o = {.create_graph = true, .allow_unused = true};
+        tg_tensor *s = NULL;
+        if (tg_grad_of(1, &y, &v, nf, xf, g, &o) != TG_OK) {
+            log_fail(lg, "op '%s' under policy %d: %s", c->op->name, variant,
+                     tg_last_error_message());
+            nf = 0;
+        }
+        for (int i = 0; i < nf; i++) {
+            if (!tg_tensor_requires_grad(g[i])) continue;
+            tg_tensor *w = tg_to_device(tg_rand_uniform(&r, TG_F64, tg_tensor_ndim(g[i]),
+                                                        tg_tensor_shape(g[i]), -1.0, 1.0),
+                                        tg_tensor_backend(g[i]));
+            tg_tensor *t = tg_sum(tg_mul(g[i], w));
+            s = s ? tg_add(s, t) : t;
+        }
+        if (s) {
+            tg_grad_opts o2 = {.allow_unused = true};
+            if (tg_grad_of(1, &s, NULL, nf, xf, h, &o2) != TG_OK) {
+                log_fail(lg, "op '%s' under policy %d, second sweep: %s", c->op->name, variant,
+                         tg_last_error_message());
+                nf = 0;
+            }
+            int64_t total = 0;
+            for (int i = 0; i < nf; i++) total += tg_tensor_numel(h[i]);
+            out = malloc((size_t)(total ? total : 1) * sizeof *out);
+            for (int i = 0; i < nf; i++) {
+                double *hv = tu_values(h[i]);
+                memcpy(out + *len, hv, (size_t)tg_tensor_numel(h[i]) * sizeof *out);
+                *len += tg_tensor_numel(h[i]);
+                free(hv);
+            }
+        }
+    }
+    tg_tape_free(tape);
+    tg_scope_end();
+    return out;
+}
+
+Test(sweep, second_order_results_are_bitwise_equal_under_every_policy)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    sweep_log *lg = calloc(1, sizeof *lg);
+    cr_assert(lg != NULL);
+    int compared = 0;
+    for (int i = 0; i < tg_op_count(); i++) {
+        const tg_op *op = tg_op_at(i);
+        if (tg_op_mark(op) != TG_AD_BACKWARD || !op->sample) continue;
+        for (int b = 0; b < 2; b++) {
+            tg_backend prev = tg_set_default_backend(backends[b]);
+            for (int k = 0; k < MAX_CASES; k++) {
+                tg_tensor *in[TG_OP_MAX_INPUTS];
+                op_call c = {.op = op};
+                int n = sample_case(op, k, in, &c.attrs, lg);
+                if (n <= 0) break;
+                int64_t len0, len;
+                double *ref = second_order_values(&c, n, in, 0, &len0, lg);
+                for (int v = 1; v < 4 && ref; v++) {
+                    double *got = second_order_values(&c, n, in, v, &len, lg);
+                    if (!got || len != len0 || memcmp(got, ref, (size_t)len * sizeof *got) != 0)
+                        log_fail(lg, "op '%s' case %d on %s: second order under policy %d "
+                                     "differs from NONE's", op->name, k,
+                                 tg_backend_name(backends[b]), v);
+                    free(got);
+                }
+                compared += ref != NULL;
+                free(ref);
+                tu_release_all(in, n);
+            }
+            tg_set_default_backend(prev);
+        }
+    }
+    cr_expect_eq(lg->failures, 0, "%d failure(s):\n%s", lg->failures, lg->text);
+    cr_expect_gt(compared, count_differentiable(), "only %d cases compared", compared);
     free(lg);
     tu_expect_no_leaks(mem0);
 }
@@ -305,7 +457,7 @@ Test(sweep, sweep_covers_exactly_the_differentiable_ops_in_the_registry)
     sweep_log *lg = calloc(1, sizeof *lg);
     cr_assert(covered != NULL && lg != NULL);
     int ncases = 0;
-    int nops = run_sweep(true, lg, covered, &ncases);
+    int nops = run_sweep(true, 1, lg, covered, &ncases);
     int ndiff = 0;
     for (int i = 0; i < total; i++) {
         const tg_op *op = tg_op_at(i);
@@ -432,7 +584,7 @@ Test(sweep_selftest, coverage_check_flags_a_user_op_with_a_backward_but_no_gradc
     sweep_log *lg = calloc(1, sizeof *lg);
     cr_assert(lg != NULL);
     int ncases = 0;
-    int nops = run_sweep(true, lg, NULL, &ncases);
+    int nops = run_sweep(true, 1, lg, NULL, &ncases);
     cr_expect_eq(nops, count_differentiable() - 2);
     cr_expect_geq(lg->failures, 2, "%s", lg->text);
     cr_expect(strstr(lg->text, "op 'sweep_selftest_op_without_gradcheck_cases' has no gradcheck "
@@ -465,10 +617,10 @@ Test(sweep_selftest, per_op_check_fails_for_a_user_op_with_a_wrong_backward_and_
         for (int b = 0; b < 2; b++) {
             sweep_log *lg = calloc(1, sizeof *lg);
             cr_assert(lg != NULL);
-            cr_expect_eq(check_op_on(rop, backends[b], fast, lg), 1);
+            cr_expect_eq(check_op_on(rop, backends[b], fast, 1, lg), 1);
             cr_expect_eq(lg->failures, 0, "%s", lg->text);
             memset(lg, 0, sizeof *lg);
-            cr_expect_eq(check_op_on(wop, backends[b], fast, lg), 1);
+            cr_expect_eq(check_op_on(wop, backends[b], fast, 1, lg), 1);
             cr_expect_eq(lg->failures, 1, "%s", lg->text);
             char want[160];
             snprintf(want, sizeof want,
