@@ -2,7 +2,8 @@
  *
  * The binaries are found through the environment (TG_EXAMPLE_CUSTOM_OP,
  * TG_EXAMPLE_TRAIN_MLP, TG_EXAMPLE_DIGITS_MLP, TG_EXAMPLE_DIGITS_CNN,
- * TG_EXAMPLE_SEQ_LSTM, set by tests/meson.build) or, when unset, next to
+ * TG_EXAMPLE_SEQ_LSTM, TG_EXAMPLE_GRADIENT_PENALTY, TG_EXAMPLE_NEWTON_LOGREG,
+ * TG_EXAMPLE_JACOBIAN, set by tests/meson.build) or, when unset, next to
  * this test in the build tree (<build>/examples/<name>). The digits
  * examples find data/digits.csv.gz through the source data dir compiled
  * into them, whatever the working directory. */
@@ -99,4 +100,30 @@ Test(examples, seq_lstm_lowers_the_validation_loss_in_a_short_run)
     char *args[] = {"--steps", "5", NULL};
     example_path("TG_EXAMPLE_SEQ_LSTM", "example_seq_lstm", path, sizeof path);
     cr_assert_eq(run(path, args), 0, "%s --steps 5 did not exit 0", path);
+}
+
+/* Second order: each exits 0 only when its own check holds (Newton's
+ * gradient norm below 1e-10, the critic separating the sets with its
+ * gradient norm near 1, the Jacobian equal to the closed form). */
+Test(examples, newton_logreg_converges_with_the_exact_hessian)
+{
+    char path[PATH_MAX + 64];
+    example_path("TG_EXAMPLE_NEWTON_LOGREG", "example_newton_logreg", path, sizeof path);
+    cr_assert_eq(run(path, NULL), 0, "%s did not exit 0", path);
+    char *few[] = {"--steps", "1", NULL};
+    cr_assert_eq(run(path, few), 1, "%s --steps 1 cannot have converged", path);
+}
+
+Test(examples, gradient_penalty_critic_trains_to_a_unit_gradient_norm)
+{
+    char path[PATH_MAX + 64];
+    example_path("TG_EXAMPLE_GRADIENT_PENALTY", "example_gradient_penalty", path, sizeof path);
+    cr_assert_eq(run(path, NULL), 0, "%s did not exit 0", path);
+}
+
+Test(examples, jacobian_matches_the_closed_form)
+{
+    char path[PATH_MAX + 64];
+    example_path("TG_EXAMPLE_JACOBIAN", "example_jacobian", path, sizeof path);
+    cr_assert_eq(run(path, NULL), 0, "%s did not exit 0", path);
 }
