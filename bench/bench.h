@@ -327,6 +327,21 @@ int bench_rounds(bench_sample_fn fn, void *ctx, int nvar, const int *variant, co
 /* Runs one workload; res->ok tells whether it worked (res->error why not).
  * Returns 0 on success, -1 on failure. */
 int bench_run(const bench_workload *wl, const bench_suite_opts *opts, bench_result *res);
+/* ---- hvp.c: `tapegrad bench hvp`. A Hessian-vector product of wl's loss
+ * w.r.t. all its parameters (forward, create_graph sweep, second sweep)
+ * timed against wl's fwd+bwd in interleaved rounds. */
+typedef struct bench_hvp_result {
+    const bench_workload *wl;
+    int runs;
+    bench_stat fwd_bwd, hvp; /* ns per iteration */
+    double ratio;            /* median of the per-round hvp / fwd_bwd */
+    double hv_norm;          /* |Hv| of one product (finite, else a failure) */
+} bench_hvp_result;
+int bench_hvp(const bench_opts *o, const bench_workload *wl, bench_hvp_result *r, char *err,
+              size_t errlen);
+/* Runs it on mlp and elementwise and prints the table; 0 or 1 (a failure). */
+int bench_hvp_cli(const bench_opts *o);
+
 /* Writes the mlp workload's tape (one forward under opts' policy) as DOT. */
 int bench_write_dot(const bench_suite_opts *opts, const char *path, char *err, size_t errlen);
 const char *bench_policy_name(bench_policy p);

@@ -11,10 +11,13 @@ void bench_cli_usage(FILE *f, const char *prog)
     fprintf(f,
             "usage: %s [WORKLOAD...] [--threads N] [--policy P] [--json FILE] [--profile]\n"
             "       %*s [--quick] [--dot FILE]\n"
+            "       %s hvp [--quick] [--threads N]\n"
             "workloads (default: all, in this order):\n",
-            prog, (int)strlen(prog), "");
+            prog, (int)strlen(prog), "", prog);
     for (int i = 0; bench_workloads[i]; i++)
         fprintf(f, "  %-12s %s\n", bench_workloads[i]->name, bench_workloads[i]->desc);
+    fprintf(f, "  hvp          (alone) a Hessian-vector product of the mlp and elementwise\n"
+               "               losses, as a ratio to their fwd+bwd in the same rounds\n");
     fprintf(f, "options:\n"
                "  --threads N    threads for OpenBLAS and tapegrad's elementwise pool\n"
                "                 (tg_set_num_threads); default: as OPENBLAS_NUM_THREADS says\n"
@@ -87,6 +90,7 @@ int bench_cli(const char *prog, int argc, char **argv)
     const char *json = NULL;
     const bench_workload *sel[16];
     int nsel = 0;
+    bool hvp = false; /* `hvp`: the second-order table (hvp.c) instead */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         bool missing = false;
@@ -124,6 +128,8 @@ int bench_cli(const char *prog, int argc, char **argv)
             fprintf(stderr, "%s: unknown option '%s'\n\n", prog, a);
             bench_cli_usage(stderr, prog);
             return 2;
+        } else if (strcmp(a, "hvp") == 0) {
+            hvp = true;
         } else {
             const bench_workload *w = bench_workload_find(a);
             if (!w) {
@@ -136,6 +142,18 @@ int bench_cli(const char *prog, int argc, char **argv)
                 dup |= sel[k] == w;
             if (!dup && nsel < (int)(sizeof sel / sizeof sel[0])) sel[nsel++] = w;
         }
+    }
+    if (hvp) {
+        if (nsel || json || o.profile || o.dot_path || o.policy != BENCH_POLICY_NONE) {
+            fprintf(stderr, "%s: hvp runs alone (with --quick or --threads only)\n", prog);
+            return 2;
+        }
+        if (o.threads && tg_set_num_threads(o.threads)) {
+            fprintf(stderr, "%s: --threads %d: %s\n", prog, o.threads, tg_last_error_message());
+            return 1;
+        }
+        bench_opts bo = {.quick = o.quick};
+        return bench_hvp_cli(&bo);
     }
     if (nsel == 0)
         for (int k = 0; bench_workloads[k]; k++)
