@@ -17,8 +17,13 @@ OMP_WAIT_POLICY to PASSIVE unless the caller set it (why: at the import); tapegr
 gets the same environment and --threads. OPENBLAS_CORETYPE and the like
 pass through unchanged.
 
+With --hvp it compares Hessian-vector products instead: on mlp and
+elementwise, PyTorch's double backward (torch.autograd.grad of the loss
+with create_graph=True, then torch.autograd.grad of <g, v>) against
+`tapegrad bench hvp`, each side as a ratio to its own fwd+bwd and in ms.
+
 Usage: /usr/bin/python3 bench/torch_compare.py [TAPEGRAD] [--threads N]
-           [--quick] [-w WORKLOAD ...] [--json FILE]
+           [--quick] [-w WORKLOAD ...] [--json FILE] [--hvp]
 TAPEGRAD is the tapegrad binary (default build/tools/tapegrad). Exits 0
 with a message, doing nothing, where PyTorch is not installed.
 """
@@ -47,6 +52,8 @@ def parse_args():
                     help="run only this workload (repeatable; default: all)")
     ap.add_argument("--json", metavar="FILE",
                     help="write both sides' figures and the ratios to FILE")
+    ap.add_argument("--hvp", action="store_true",
+                    help="compare Hessian-vector products (mlp, elementwise) instead")
     ap.add_argument("--show-tapegrad", action="store_true",
                     help="also print tapegrad's own report")
     a = ap.parse_args()
@@ -238,7 +245,87 @@ def run_tapegrad(names, quick, threads):
         os.unlink(path)
 
 
+def run_torch_hvp(name, quick):
+    """Median fwd+bwd and HVP ms of workload name, interleaved rounds."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    params, f = BUILDERS[name](g)
+    vs = [torch.rand(p.shape, generator=g, dtype=p.dtype) * 2 - 1 for p in params]
+
+    def fwd_bwd():
+        for p in params:
+            p.grad = None
+        f().backward()
+
+    def hvp():
+        gr = torch.autograd.grad(f(), params, create_graph=True, allow_unused=True)
+        s = sum((gi * vi).sum() for gi, vi in zip(gr, vs) if gi is not None)
+        return torch.autograd.grad(s, params, allow_unused=True)
+
+    hv = hvp()
+    norm = math.sqrt(sum(float((h.double() ** 2).sum()) for h in hv if h is not None))
+    runs, warm = (3, 1) if quick else (11, 1)
+    fns, reps = [fwd_bwd, hvp], []
+    for fn in fns:
+        t0 = time.perf_counter()
+        fn()
+        one = time.perf_counter() - t0
+        reps.append(max(1, math.ceil((1e-3 if quick else 2e-2) / max(one, 1e-9))))
+    times = [[], []]
+    for r in range(warm + runs):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(reps[k]):
+                fn()
+            if r >= warm:
+                times[k].append((time.perf_counter() - t0) * 1e3 / reps[k])
+    ratios = sorted(b / a for a, b in zip(times[0], times[1]))
+    return {"fwd_bwd": stat(times[0]), "hvp": stat(times[1]),
+            "ratio": ratios[len(ratios) // 2], "hv_norm": norm}
+
+
+def main_hvp():
+    names = [n for n in ("mlp", "elementwise") if not ARGS.workload or n in ARGS.workload]
+    torch.set_num_threads(ARGS.threads)
+    print("PyTorch %s, %d threads: HVP = grad(<grad(loss, create_graph=True), v>)"
+          % (torch.__version__, ARGS.threads))
+    pt = {n: run_torch_hvp(n, ARGS.quick) for n in names}
+    cmd = [ARGS.tapegrad, "bench", "hvp", "--threads", str(ARGS.threads)]
+    if ARGS.quick:
+        cmd.append("--quick")
+    p = subprocess.run(cmd, env=os.environ.copy(), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True)
+    if ARGS.show_tapegrad or p.returncode:
+        sys.stdout.write(p.stdout)
+    if p.returncode:
+        raise RuntimeError("%s exited with %d" % (" ".join(cmd), p.returncode))
+    tg = {}
+    for line in p.stdout.splitlines():
+        f = line.split()
+        if len(f) == 6 and f[0] in names:
+            tg[f[0]] = {"fwd_bwd": float(f[1]), "hvp": float(f[2]),
+                        "ratio": float(f[3].rstrip("x"))}
+    print("%-12s | %9s %9s %7s | %9s %9s %7s | %s" % (
+        "workload", "tg f+b", "tg hvp", "hvp/f+b", "torch f+b", "torch hvp", "hvp/f+b",
+        "tg hvp / torch hvp"))
+    out = {"threads": ARGS.threads, "torch": pt, "tapegrad": tg, "command": " ".join(cmd)}
+    for n in names:
+        if n not in tg:
+            print("%-12s | tapegrad gave no row" % n)
+            continue
+        a, b = tg[n], pt[n]
+        print("%-12s | %9.4g %9.4g %6.2fx | %9.4g %9.4g %6.2fx | %.3f" % (
+            n, a["fwd_bwd"], a["hvp"], a["ratio"], b["fwd_bwd"]["median"], b["hvp"]["median"],
+            b["ratio"], a["hvp"] / b["hvp"]["median"]))
+    if ARGS.json:
+        with open(ARGS.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
 def main():
+    if ARGS.hvp:
+        return main_hvp()
     names = ARGS.workload or WORKLOADS
     names = [n for n in WORKLOADS if n in names]
     if not os.access(ARGS.tapegrad, os.X_OK):
