@@ -531,3 +531,115 @@ Test(higher_order, gradgradcheck_passes_a_smooth_function_and_catches_a_cut_seco
                  TG_ERR_INVALID);
     tg_error_clear();
 }
+
+/* ---- HVPs of composite models against central differences of their
+ * gradients (f64; the gradients by first-order tg_vjp). */
+typedef struct {
+    tg_tensor *x, *t, *c;
+} model_data;
+
+/* MLP with tanh and a softmax cross-entropy: w0 (3, 6), w1 (6, 4). */
+static tg_tensor *model_mlp_ce(void *ud, int n, tg_tensor *const *w)
+{
+    (void)n;
+    model_data *d = ud;
+    tg_tensor *h = tg_tanh(tg_matmul(d->x, w[0]));
+    return tg_cross_entropy(tg_matmul(h, w[1]), d->t);
+}
+
+/* One attention head with a layer norm: q, k, v = x Wq, x Wk, x Wv (5, 4),
+ * softmax(q k^T / 2) v, layer-normed, weighted by c. */
+static tg_tensor *model_attention(void *ud, int n, tg_tensor *const *w)
+{
+    (void)n;
+    model_data *d = ud;
+    tg_tensor *q = tg_matmul(d->x, w[0]), *k = tg_matmul(d->x, w[1]), *v = tg_matmul(d->x, w[2]);
+    tg_tensor *a = tg_softmax(tg_mul_scalar(tg_matmul(q, tg_transpose(k, 0, 1)), 0.5), 1);
+    tg_tensor *o = tg_layer_norm(tg_matmul(a, v), 1, NULL, NULL, 1e-5);
+    return tg_sum(tg_mul(o, d->c));
+}
+
+/* A tanh RNN unrolled over the 4 rows of x (each (1, 3)): wx (3, 5), wh (5, 5);
+ * the loss is log_softmax of the last state at the target. */
+static tg_tensor *model_rnn(void *ud, int n, tg_tensor *const *w)
+{
+    (void)n;
+    model_data *d = ud;
+    tg_tensor *h = NULL;
+    for (int s = 0; s < 4; s++) {
+        tg_tensor *in = tg_matmul(tg_narrow(d->x, 0, s, 1), w[0]);
+        h = tg_tanh(h ? tg_add(in, tg_matmul(h, w[1])) : in);
+    }
+    return tg_neg(tg_sum(tg_mul(tg_log_softmax(h, 1), d->c)));
+}
+
+/* A conv, an average pool, a batch norm and a max pool: w (3, 1, 3, 3), b (3). */
+static tg_tensor *model_cnn(void *ud, int n, tg_tensor *const *w)
+{
+    (void)n;
+    model_data *d = ud;
+    tg_conv2d_opts co = {.padding = {1, 1}};
+    tg_pool2d_opts avg = {.kernel = {2, 2}}, mx = {.kernel = {2, 2}};
+    tg_tensor *y = tg_sigmoid(tg_conv2d(d->x, w[0], w[1], &co));
+    y = tg_batch_norm(tg_avg_pool2d(y, &avg), NULL, NULL, NULL, NULL, true, 0.1, 1e-5);
+    return tg_sum(tg_mul(tg_max_pool2d(tg_mul(y, y), &mx), d->c));
+}
+
+static void expect_hvp_matches_differences(const char *what, tg_func f, void *ud, int n,
+                                           tg_tensor *const *w, uint64_t seed)
+{
+    tg_rng r;
+    tg_rng_seed(&r, seed);
+    tg_tensor *v[4], *hv[4], *gp[4], *gm[4], *wp[4], *wm[4];
+    const double eps = 1e-5;
+    for (int i = 0; i < n; i++) {
+        v[i] = tg_rand_uniform(&r, TG_F64, tg_tensor_ndim(w[i]), tg_tensor_shape(w[i]), -1, 1);
+        wp[i] = tg_add(w[i], tg_mul_scalar(v[i], eps));
+        wm[i] = tg_sub(w[i], tg_mul_scalar(v[i], eps));
+    }
+    cr_assert_eq(tg_hvp(f, ud, n, w, v, NULL, hv), TG_OK, "%s: %s", what, tg_last_error_message());
+    cr_assert_eq(tg_vjp(f, ud, n, wp, NULL, NULL, gp), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_vjp(f, ud, n, wm, NULL, NULL, gm), TG_OK, "%s", tg_last_error_message());
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double *h = tu_values(hv[i]), *a = tu_values(gp[i]), *b = tu_values(gm[i]);
+        for (int64_t k = 0; k < tg_tensor_numel(w[i]); k++) {
+            double fd = (a[k] - b[k]) / (2 * eps), e = fabs(fd - h[k]) / fmax(1.0, fabs(fd));
+            worst = fmax(worst, e);
+            cr_assert(e <= 1e-7, "%s: w%d[%lld]: HVP %.12g, differences %.12g", what, i,
+                      (long long)k, h[k], fd);
+        }
+        free(h);
+        free(a);
+        free(b);
+    }
+    cr_log_info("%s: HVP vs differences of gradients, worst relative error %.2e", what, worst);
+}
+
+Test(higher_order, hvps_of_composite_models_match_differences_of_gradients)
+{
+    tg_rng r;
+    tg_rng_seed(&r, 21);
+    model_data d = {.x = tg_rand_uniform(&r, TG_F64, 2, SHAPE(5, 3), -1, 1),
+                    .t = I64((5), 0, 3, 1, 1, 2)};
+    tg_tensor *mlp[2] = {tg_rand_uniform(&r, TG_F64, 2, SHAPE(3, 6), -1, 1),
+                         tg_rand_uniform(&r, TG_F64, 2, SHAPE(6, 4), -1, 1)};
+    expect_hvp_matches_differences("mlp + cross-entropy", model_mlp_ce, &d, 2, mlp, 1);
+
+    d.c = tg_rand_uniform(&r, TG_F64, 2, SHAPE(5, 4), -1, 1);
+    tg_tensor *att[3];
+    for (int i = 0; i < 3; i++) att[i] = tg_rand_uniform(&r, TG_F64, 2, SHAPE(3, 4), -1, 1);
+    expect_hvp_matches_differences("attention + layer norm", model_attention, &d, 3, att, 2);
+
+    model_data rd = {.x = tg_rand_uniform(&r, TG_F64, 2, SHAPE(4, 3), -1, 1),
+                     .c = T64((1, 5), 0, 0, 1, 0, 0)};
+    tg_tensor *rnn[2] = {tg_rand_uniform(&r, TG_F64, 2, SHAPE(3, 5), -0.8, 0.8),
+                         tg_rand_uniform(&r, TG_F64, 2, SHAPE(5, 5), -0.8, 0.8)};
+    expect_hvp_matches_differences("rnn, 4 steps", model_rnn, &rd, 2, rnn, 3);
+
+    model_data cd = {.x = tg_rand_uniform(&r, TG_F64, 4, SHAPE(2, 1, 6, 6), -1, 1),
+                     .c = tg_rand_uniform(&r, TG_F64, 4, SHAPE(2, 3, 1, 1), -1, 1)};
+    tg_tensor *cnn[2] = {tg_rand_uniform(&r, TG_F64, 4, SHAPE(3, 1, 3, 3), -1, 1),
+                         tg_rand_uniform(&r, TG_F64, 1, SHAPE(3), -0.5, 0.5)};
+    expect_hvp_matches_differences("conv + pools + batch norm", model_cnn, &cd, 2, cnn, 4);
+}
