@@ -128,7 +128,10 @@ tg_tensor *tg_op_ctx_new_output(tg_op_ctx *ctx);
 tg_status tg_op_shape_same(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
                            tg_spec *out);
 /* Forward: keep an extra tensor for backward (retained); returns its slot or
- * -1. Backward: tg_op_ctx_saved(ctx, slot), borrowed. At most 4. */
+ * -1. Backward: tg_op_ctx_saved(ctx, slot), borrowed. At most 4. Under
+ * create_graph (docs/higher-order.md) these are untracked constants: a
+ * backward that must differentiate again recomputes from the tracked
+ * inputs any float value of them that depends on the inputs. */
 int tg_op_ctx_save(tg_op_ctx *ctx, tg_tensor *t);
 tg_tensor *tg_op_ctx_saved(const tg_op_ctx *ctx, int slot);
 
