@@ -105,8 +105,18 @@ static void mlp_setup(mlp_data *d, tg_tensor **w)
 }
 
 /* HVP of mlp_loss at w along v, recorded with tape options o. */
+static void mlp_hvp_seg(const tg_tape_opts *o, bool seg, mlp_data *d, tg_tensor *const *w0,
+                        tg_tensor *const *v, double **out);
+
 static void mlp_hvp(const tg_tape_opts *o, mlp_data *d, tg_tensor *const *w0, tg_tensor *const *v,
                     double **out)
+{
+    mlp_hvp_seg(o, false, d, w0, v, out);
+}
+
+/* seg: the forward inside one checkpoint segment. */
+static void mlp_hvp_seg(const tg_tape_opts *o, bool seg, mlp_data *d, tg_tensor *const *w0,
+                        tg_tensor *const *v, double **out)
 {
     tg_tape *tape = tg_tape_new(o);
     tg_tensor *w[2];
@@ -114,7 +124,9 @@ static void mlp_hvp(const tg_tape_opts *o, mlp_data *d, tg_tensor *const *w0, tg
         w[i] = tg_detach(w0[i]);
         cr_assert_eq(tg_requires_grad(tape, w[i]), TG_OK);
     }
+    if (seg) tg_checkpoint_begin(tape);
     tg_tensor *y = mlp_loss(d, 2, w), *g[2], *hv[2];
+    if (seg) tg_checkpoint_end(tape);
     tg_grad_opts go = {.create_graph = true};
     cr_assert_eq(tg_grad_of(1, &y, NULL, 2, w, g, &go), TG_OK, "%s", tg_last_error_message());
     tg_tensor *s = tg_add(tg_sum(tg_mul(g[0], v[0])), tg_sum(tg_mul(g[1], v[1])));
@@ -135,9 +147,10 @@ Test(higher_order, hvp_of_an_mlp_is_bitwise_equal_across_policies_and_matches_di
     v[1] = tg_rand_uniform(&r, TG_F64, 2, SHAPE(5, 2), -1.0, 1.0);
     double *ref[2];
     mlp_hvp(&policies[0], &d, w, v, ref);
-    for (int p = 1; p < 4; p++) {
+    for (int p = 1; p < 5; p++) {
         double *got[2];
-        mlp_hvp(&policies[p], &d, w, v, got);
+        /* p == 4: NONE with the forward in a checkpoint segment */
+        mlp_hvp_seg(&policies[p % 4], p == 4, &d, w, v, got);
         cr_assert(memcmp(got[0], ref[0], 15 * sizeof(double)) == 0 &&
                       memcmp(got[1], ref[1], 10 * sizeof(double)) == 0,
                   "policy %d: HVP differs from NONE's", p);
