@@ -656,3 +656,28 @@ Test(higher_order, hvps_of_composite_models_match_differences_of_gradients)
                          tg_rand_uniform(&r, TG_F64, 1, SHAPE(3), -0.5, 0.5)};
     expect_hvp_matches_differences("conv + pools + batch norm", model_cnn, &cd, 2, cnn, 4);
 }
+
+Test(higher_order, tg_backward_ex_misuse_and_options)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = T64((2), 0.5, -1.0), *c = T64((1), 1.0);
+    tg_requires_grad(tape, x);
+    tg_tensor *v = tg_tanh(x), *y = tg_sum(v);
+    tg_grad_opts keep = {.retain = true};
+    cr_assert_eq(tg_backward_ex(NULL, NULL, &keep), TG_ERR_NULL);
+    cr_assert_eq(tg_backward_ex(c, NULL, &keep), TG_ERR_NO_GRAD);
+    cr_assert_eq(tg_backward_ex(v, NULL, &keep), TG_ERR_SEED);
+    tg_tensor *bad = T64((3), 1, 1, 1);
+    cr_assert_eq(tg_backward_ex(v, bad, &keep), TG_ERR_SHAPE);
+    cr_assert_null(tg_grad(x));
+    tg_error_clear();
+    /* retain twice: the gradient doubles, then a plain backward still works once */
+    cr_assert_eq(tg_backward_ex(y, NULL, &keep), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward_ex(y, NULL, &keep), TG_OK, "%s", tg_last_error_message());
+    double t0 = tanh(0.5), t1 = tanh(-1.0);
+    tu_expect_values(tg_grad(x), VALS(2 * (1 - t0 * t0), 2 * (1 - t1 * t1)), 2, 1e-15);
+    cr_assert_eq(tg_backward_ex(y, NULL, NULL), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward_ex(y, NULL, NULL), TG_ERR_STALE);
+    tg_error_clear();
+    tg_tape_free(tape);
+}
