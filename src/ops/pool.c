@@ -188,9 +188,8 @@ static tg_status max_bwd_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
 {
     const tg_spec *ys = tg_op_ctx_input_spec(ctx, 1);
     if (!tg_op_ctx_needs_grad(ctx, 1)) return TG_OK;
-    int64_t N = ys->shape[0], C = ys->shape[1];
-    tg_tensor *idx = tg_reshape(tg_op_ctx_input(ctx, 0), 3, TG_SHAPE(N, C, ys->shape[2] *
-                                                                   ys->shape[3]));
+    int64_t N = ys->shape[0], C = ys->shape[1], L = ys->shape[2] * ys->shape[3];
+    tg_tensor *idx = tg_reshape(tg_op_ctx_input(ctx, 0), 3, TG_SHAPE(N, C, L));
     tg_tensor *plane = tg_reshape(gg, 3, TG_SHAPE(N, C, gg->shape[2] * gg->shape[3]));
     gin[1] = tg_reshape(tg_gather(plane, 2, idx), 4, ys->shape);
     return gin[1] ? TG_OK : tg_last_error();
