@@ -11,13 +11,24 @@
  * conv2d(x, w, bias): the bias is input #3, always present (tg_conv2d
  * passes zeros for a NULL bias), added by pre-filling y and running the
  * GEMM with beta = 1. Backward: dx = col2im(W^T dY) and dW = dY col^T,
- * each its own fused op (unmarked, like every fused backward), with col
- * recomputed from the saved x rather than kept; db = sum of dY over
- * (N, OH, OW) by the fused op bias_grad (shared with batch_norm). A 1x1 kernel with stride 1 and no padding skips im2col:
- * x itself is the column matrix. */
+ * each its own fused op, with col recomputed from the saved x rather than
+ * kept; db = sum of dY over (N, OH, OW) by the fused op bias_grad (shared
+ * with batch_norm). A 1x1 kernel with stride 1 and no padding skips im2col:
+ * x itself is the column matrix.
+ *
+ * The three fused backward ops have backwards of their own, written with
+ * these same ops, so conv2d is differentiable to any order: both
+ * conv2d_backward_* are bilinear (the transposes of the conv as a map of x
+ * and of w), and each one's adjoint in one argument is conv2d, in the
+ * other the other backward op; bias_grad is linear, its adjoint an
+ * expand. */
 #include <string.h>
 
 #include "ops/helpers.h"
+
+/* Each op's backward calls the others. */
+extern const tg_op tg__op_conv2d, tg__op_conv2d_backward_input, tg__op_conv2d_backward_weight,
+    tg__op_bias_grad;
 
 typedef struct conv_p {
     int64_t sh, sw, ph, pw, dh, dw, G;
@@ -231,11 +242,6 @@ static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return gx;
 }
 
-const tg_op tg__op_conv2d_backward_input = {
-    .name = "conv2d_backward_input", .doc = "gx = col2im(W^T gy)", .arity = 2,
-    .shape = bwd_input_shape, .forward = bwd_input_fwd, .cost = TG_COST_COMPUTE_BOUND,
-};
-
 /* ---- conv2d_backward_weight(x, gy) -> gw (O, C/G, KH, KW); ints[6..7] = KH, KW. */
 static tg_status bwd_weight_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
                                   tg_spec *out)
@@ -293,11 +299,6 @@ static tg_tensor *bwd_weight_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return gw;
 }
 
-const tg_op tg__op_conv2d_backward_weight = {
-    .name = "conv2d_backward_weight", .doc = "gw = sum_n gy_n col(x_n)^T", .arity = 2,
-    .shape = bwd_weight_shape, .forward = bwd_weight_fwd, .cost = TG_COST_COMPUTE_BOUND,
-};
-
 /* ---- bias_grad(gy) -> (C): the sum over every dim but 1 of gy (N, C, *),
  * one pass, for the bias gradients of conv2d and batch_norm. */
 static tg_status bias_grad_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
@@ -326,11 +327,6 @@ static tg_tensor *bias_grad_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return gb;
 }
 
-const tg_op tg__op_bias_grad = {
-    .name = "bias_grad", .doc = "gb_c = sum of gy over every dim but 1", .arity = 1,
-    .shape = bias_grad_shape, .forward = bias_grad_fwd, .cost = TG_COST_MEMORY_BOUND,
-};
-
 static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0), *ws = tg_op_ctx_input_spec(ctx, 1);
@@ -356,30 +352,174 @@ static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 }
 
 /* Cases: plain 3x3; stride 2 / padding 1 / dilation 2 (unequal per dim);
- * groups 2 with padding; the direct 1x1 path; a strided 1x1 (im2col). */
+ * groups 2 with padding; the direct 1x1 path; a strided 1x1 (im2col).
+ * The fused backward ops take the same geometries. */
+static const struct conv_case {
+    int64_t x[4], w[4];
+    int64_t ints[6];
+    int groups;
+} conv_cases[] = {
+    {{2, 2, 5, 5}, {3, 2, 3, 3}, {1, 1, 0, 0, 1, 1}, 1},
+    {{1, 2, 7, 6}, {2, 2, 3, 2}, {2, 1, 1, 2, 2, 1}, 1},
+    {{1, 1, 7, 7}, {2, 1, 3, 3}, {2, 2, 1, 1, 2, 2}, 1},
+    {{1, 4, 4, 4}, {4, 2, 2, 2}, {1, 1, 1, 1, 1, 1}, 2},
+    {{2, 3, 3, 3}, {2, 3, 1, 1}, {1, 1, 0, 0, 1, 1}, 1},
+    {{1, 2, 5, 4}, {3, 2, 1, 1}, {2, 2, 1, 0, 1, 1}, 1},
+};
+#define NCONV ((int)(sizeof conv_cases / sizeof conv_cases[0]))
+
+/* Case k's attrs (6 ints and groups); NULL past the last case. */
+static const struct conv_case *conv_case_attrs(int k, tg_op_attrs *a)
+{
+    if (k >= NCONV) return NULL;
+    a->nints = 6;
+    memcpy(a->ints, conv_cases[k].ints, sizeof conv_cases[k].ints);
+    a->target = conv_cases[k].groups;
+    return &conv_cases[k];
+}
+
 static int conv_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 {
-    static const struct {
-        int64_t x[4], w[4];
-        int64_t ints[6];
-        int groups;
-    } c[] = {
-        {{2, 2, 5, 5}, {3, 2, 3, 3}, {1, 1, 0, 0, 1, 1}, 1},
-        {{1, 2, 7, 6}, {2, 2, 3, 2}, {2, 1, 1, 2, 2, 1}, 1},
-        {{1, 1, 7, 7}, {2, 1, 3, 3}, {2, 2, 1, 1, 2, 2}, 1},
-        {{1, 4, 4, 4}, {4, 2, 2, 2}, {1, 1, 1, 1, 1, 1}, 2},
-        {{2, 3, 3, 3}, {2, 3, 1, 1}, {1, 1, 0, 0, 1, 1}, 1},
-        {{1, 2, 5, 4}, {3, 2, 1, 1}, {2, 2, 1, 0, 1, 1}, 1},
-    };
-    if (k >= (int)(sizeof c / sizeof c[0])) return 0;
-    a->nints = 6;
-    memcpy(a->ints, c[k].ints, sizeof c[k].ints);
-    a->target = c[k].groups;
-    in[0] = tg__sample_uniform(rng, 4, c[k].x, -1.0, 1.0);
-    in[1] = tg__sample_uniform(rng, 4, c[k].w, -1.0, 1.0);
-    in[2] = tg__sample_uniform(rng, 1, &c[k].w[0], -1.0, 1.0);
+    const struct conv_case *c = conv_case_attrs(k, a);
+    if (!c) return 0;
+    in[0] = tg__sample_uniform(rng, 4, c->x, -1.0, 1.0);
+    in[1] = tg__sample_uniform(rng, 4, c->w, -1.0, 1.0);
+    in[2] = tg__sample_uniform(rng, 1, &c->w[0], -1.0, 1.0);
     return (in[0] && in[1] && in[2]) ? 3 : -1;
 }
+
+/* A random gy for case c: (N, O, OH, OW). */
+static tg_tensor *sample_gy(tg_rng *rng, const struct conv_case *c, const tg_op_attrs *a)
+{
+    conv_p p = params_of(a);
+    tg_conv2d_geom g = geom_of(c->x[1] / p.G, c->x[2], c->x[3], c->w[2], c->w[3], &p);
+    return tg__sample_uniform(rng, 4, TG_SHAPE(c->x[0], c->w[0], g.OH, g.OW), -1.0, 1.0);
+}
+
+static int bwd_input_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    const struct conv_case *c = conv_case_attrs(k, a);
+    if (!c) return 0;
+    a->nints = 8;
+    a->ints[6] = c->x[2];
+    a->ints[7] = c->x[3];
+    in[0] = tg__sample_uniform(rng, 4, c->w, -1.0, 1.0);
+    in[1] = sample_gy(rng, c, a);
+    return (in[0] && in[1]) ? 2 : -1;
+}
+
+static int bwd_weight_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    const struct conv_case *c = conv_case_attrs(k, a);
+    if (!c) return 0;
+    a->nints = 8;
+    a->ints[6] = c->w[2];
+    a->ints[7] = c->w[3];
+    in[0] = tg__sample_uniform(rng, 4, c->x, -1.0, 1.0);
+    in[1] = sample_gy(rng, c, a);
+    return (in[0] && in[1]) ? 2 : -1;
+}
+
+/* Cases: (N, C), (N, C, L), (N, C, H, W). */
+static int bias_grad_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const struct { int n; int64_t s[4]; } c[] = {
+        {2, {4, 3}}, {3, {2, 3, 5}}, {4, {2, 3, 2, 4}},
+    };
+    (void)a;
+    if (k >= 3) return 0;
+    in[0] = tg__sample_uniform(rng, c[k].n, c[k].s, -1.0, 1.0);
+    return in[0] ? 1 : -1;
+}
+
+/* ---- backwards of the fused backward ops */
+
+/* conv2d(x, w) with zero bias and a's geometry (its ints[6..7] dropped). */
+static tg_tensor *conv_nobias(tg_tensor *x, tg_tensor *w, const tg_op_attrs *a)
+{
+    tg_op_attrs f = *a;
+    f.nints = 6;
+    f.ints[6] = f.ints[7] = 0;
+    tg_spec bs = {.dtype = w->dtype, .ndim = 1, .shape = {w->shape[0]}};
+    tg_tensor *in[3] = {x, w, tg__full(&bs, w->backend, 0.0)};
+    return in[2] ? tg_op_call(&tg__op_conv2d, 3, in, &f) : NULL;
+}
+
+/* a with ints[6..7] = the spatial size (dims 2, 3) of s. */
+static tg_op_attrs with_extent(const tg_op_attrs *a, const tg_spec *s)
+{
+    tg_op_attrs b = *a;
+    b.nints = 8;
+    b.ints[6] = s->shape[2];
+    b.ints[7] = s->shape[3];
+    return b;
+}
+
+/* gx = C_w^T gy, bilinear in (w, gy); for a cotangent u of gx's shape,
+ * <u, C_w^T gy> = <C_w u, gy> gives d/dgy = conv2d(u, w) and d/dw =
+ * conv2d_backward_weight(u, gy). */
+static tg_status bwd_input_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
+{
+    tg_tensor *w = tg_op_ctx_input(ctx, 0), *gy = tg_op_ctx_input(ctx, 1);
+    if (tg_op_ctx_needs_grad(ctx, 1)) {
+        gin[1] = conv_nobias(gg, w, ctx->attrs);
+        if (!gin[1]) return tg_last_error();
+    }
+    if (tg_op_ctx_needs_grad(ctx, 0)) {
+        tg_op_attrs a = with_extent(ctx->attrs, tg_op_ctx_input_spec(ctx, 0));
+        gin[0] = tg__call2(&tg__op_conv2d_backward_weight, gg, gy, &a);
+        if (!gin[0]) return tg_last_error();
+    }
+    return TG_OK;
+}
+
+const tg_op tg__op_conv2d_backward_input = {
+    .name = "conv2d_backward_input", .doc = "gx = col2im(W^T gy)", .arity = 2,
+    .shape = bwd_input_shape, .forward = bwd_input_fwd, .backward = bwd_input_bwd,
+    .cost = TG_COST_COMPUTE_BOUND, .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1),
+    .sample = bwd_input_sample,
+};
+
+/* gw = C_x^T gy, bilinear in (x, gy); for a cotangent V of gw's shape,
+ * d/dgy = conv2d(x, V) and d/dx = conv2d_backward_input(V, gy). */
+static tg_status bwd_weight_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
+{
+    tg_tensor *x = tg_op_ctx_input(ctx, 0), *gy = tg_op_ctx_input(ctx, 1);
+    if (tg_op_ctx_needs_grad(ctx, 1)) {
+        gin[1] = conv_nobias(x, gg, ctx->attrs);
+        if (!gin[1]) return tg_last_error();
+    }
+    if (tg_op_ctx_needs_grad(ctx, 0)) {
+        tg_op_attrs a = with_extent(ctx->attrs, tg_op_ctx_input_spec(ctx, 0));
+        gin[0] = tg__call2(&tg__op_conv2d_backward_input, gg, gy, &a);
+        if (!gin[0]) return tg_last_error();
+    }
+    return TG_OK;
+}
+
+const tg_op tg__op_conv2d_backward_weight = {
+    .name = "conv2d_backward_weight", .doc = "gw = sum_n gy_n col(x_n)^T", .arity = 2,
+    .shape = bwd_weight_shape, .forward = bwd_weight_fwd, .backward = bwd_weight_bwd,
+    .cost = TG_COST_COMPUTE_BOUND, .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1),
+    .sample = bwd_weight_sample,
+};
+
+/* Linear: the adjoint of a sum over every dim but 1 is gg (C) broadcast
+ * back over them. */
+static tg_status bias_grad_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
+{
+    const tg_spec *gs = tg_op_ctx_input_spec(ctx, 0);
+    int64_t ks[TG_MAX_DIMS];
+    for (int d = 0; d < gs->ndim; d++) ks[d] = d == 1 ? gs->shape[1] : 1;
+    gin[0] = tg_expand(tg_reshape(gg, gs->ndim, ks), gs->ndim, gs->shape);
+    return gin[0] ? TG_OK : tg_last_error();
+}
+
+const tg_op tg__op_bias_grad = {
+    .name = "bias_grad", .doc = "gb_c = sum of gy over every dim but 1", .arity = 1,
+    .shape = bias_grad_shape, .forward = bias_grad_fwd, .backward = bias_grad_bwd,
+    .cost = TG_COST_MEMORY_BOUND, .sample = bias_grad_sample,
+};
 
 const tg_op tg__op_conv2d = {
     .name = "conv2d", .doc = "y = b + W * x (2-d cross-correlation, NCHW)", .arity = 3,

@@ -1,5 +1,7 @@
 /* 2-d max and average pooling over NCHW inputs, each with a fused backward
- * op (unmarked, like every fused backward).
+ * op. The backward ops are linear in gy and have backwards of their own
+ * (avg: avg_pool2d again, its adjoint; max: a gather at the saved argmax),
+ * so both pools are differentiable to any order.
  *
  * attrs layout, shared by the four ops:
  *   ints[0..5] = kernel h, kernel w, stride h, stride w, padding h,
@@ -13,6 +15,10 @@
 #include <string.h>
 
 #include "ops/helpers.h"
+
+/* Each pool's backward calls its backward op, defined after it with its
+ * cases; avg_pool2d_backward's backward calls avg_pool2d. */
+extern const tg_op tg__op_max_pool2d_backward, tg__op_avg_pool2d_backward, tg__op_avg_pool2d;
 
 static tg_pool2d_geom pool_geom(const tg_op_attrs *a, int64_t N, int64_t C, int64_t H, int64_t W)
 {
@@ -144,11 +150,6 @@ static tg_tensor *max_bwd_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return gx;
 }
 
-const tg_op tg__op_max_pool2d_backward = {
-    .name = "max_pool2d_backward", .doc = "gx = gy scattered to each window's argmax",
-    .arity = 2, .shape = max_bwd_shape, .forward = max_bwd_fwd, .cost = TG_COST_MEMORY_BOUND,
-};
-
 static tg_status max_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     tg_op_attrs a = bwd_attrs(ctx);
@@ -166,6 +167,49 @@ static const struct pool_case {
     {{1, 2, 4, 4}, {2, 2, 2, 2, 0, 0}, 0},
     {{2, 1, 5, 5}, {3, 3, 2, 2, 1, 1}, 0},
     {{1, 2, 4, 5}, {3, 2, 1, 2, 1, 0}, 0},
+};
+
+/* The forward attrs of case c with H, W of its input, and a random gy of
+ * its output's shape, for the backward ops' cases. */
+static tg_tensor *bwd_case(tg_rng *rng, const struct pool_case *c, tg_op_attrs *a)
+{
+    a->nints = 8;
+    memcpy(a->ints, c->ints, sizeof c->ints);
+    a->ints[6] = c->x[2];
+    a->ints[7] = c->x[3];
+    a->flag = c->flag;
+    tg_pool2d_geom g = pool_geom(a, c->x[0], c->x[1], c->x[2], c->x[3]);
+    return tg__sample_uniform(rng, 4, TG_SHAPE(c->x[0], c->x[1], g.OH, g.OW), -1.0, 1.0);
+}
+
+/* Linear in gy: the adjoint of the scatter to idx is the gather of gg at
+ * idx, in each (N, C) plane flattened. The indices are constants. */
+static tg_status max_bwd_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
+{
+    const tg_spec *ys = tg_op_ctx_input_spec(ctx, 1);
+    if (!tg_op_ctx_needs_grad(ctx, 1)) return TG_OK;
+    int64_t N = ys->shape[0], C = ys->shape[1], L = ys->shape[2] * ys->shape[3];
+    tg_tensor *idx = tg_reshape(tg_op_ctx_input(ctx, 0), 3, TG_SHAPE(N, C, L));
+    tg_tensor *plane = tg_reshape(gg, 3, TG_SHAPE(N, C, gg->shape[2] * gg->shape[3]));
+    gin[1] = tg_reshape(tg_gather(plane, 2, idx), 4, ys->shape);
+    return gin[1] ? TG_OK : tg_last_error();
+}
+
+/* Cases: the max_pool2d geometries, with indices anywhere in the plane (the
+ * op is linear in gy for any indices; repeats accumulate). */
+static int max_bwd_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    if (k >= (int)(sizeof max_cases / sizeof max_cases[0])) return 0;
+    const struct pool_case *c = &max_cases[k];
+    in[1] = bwd_case(rng, c, a);
+    in[0] = in[1] ? tg__sample_index(rng, 4, in[1]->shape, c->x[2] * c->x[3]) : NULL;
+    return (in[0] && in[1]) ? 2 : -1;
+}
+
+const tg_op tg__op_max_pool2d_backward = {
+    .name = "max_pool2d_backward", .doc = "gx = gy scattered to each window's argmax",
+    .arity = 2, .shape = max_bwd_shape, .forward = max_bwd_fwd, .backward = max_bwd_bwd,
+    .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(0), .sample = max_bwd_sample,
 };
 
 static int max_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
@@ -211,11 +255,6 @@ static tg_tensor *avg_bwd_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return gx;
 }
 
-const tg_op tg__op_avg_pool2d_backward = {
-    .name = "avg_pool2d_backward", .doc = "gx = gy spread evenly over each window", .arity = 1,
-    .shape = avg_bwd_shape, .forward = avg_bwd_fwd, .cost = TG_COST_MEMORY_BOUND,
-};
-
 static tg_status avg_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     tg_op_attrs a = bwd_attrs(ctx);
@@ -229,6 +268,30 @@ static const struct pool_case avg_cases[] = {
     {{2, 1, 5, 5}, {3, 3, 2, 2, 1, 1}, 0},
     {{1, 2, 4, 5}, {3, 2, 1, 2, 1, 0}, 0},
     {{1, 1, 5, 4}, {3, 3, 2, 1, 1, 1}, 1},
+};
+
+/* Linear in gy, the adjoint of avg_pool2d: its own adjoint is avg_pool2d
+ * with the same attrs. */
+static tg_status avg_bwd_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
+{
+    tg_op_attrs a = *ctx->attrs;
+    a.nints = 6;
+    a.ints[6] = a.ints[7] = 0;
+    gin[0] = tg__call1(&tg__op_avg_pool2d, gg, &a);
+    return gin[0] ? TG_OK : tg_last_error();
+}
+
+static int avg_bwd_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    if (k >= (int)(sizeof avg_cases / sizeof avg_cases[0])) return 0;
+    in[0] = bwd_case(rng, &avg_cases[k], a);
+    return in[0] ? 1 : -1;
+}
+
+const tg_op tg__op_avg_pool2d_backward = {
+    .name = "avg_pool2d_backward", .doc = "gx = gy spread evenly over each window", .arity = 1,
+    .shape = avg_bwd_shape, .forward = avg_bwd_fwd, .backward = avg_bwd_bwd,
+    .cost = TG_COST_MEMORY_BOUND, .sample = avg_bwd_sample,
 };
 
 static int avg_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)

@@ -7,10 +7,15 @@
  * Attrs: sum, mean, var, std: ints[0..nints) the dims (nints == 0: all),
  * flag keepdim; var / std: scalar the correction. max_dim, min_dim,
  * argmax, logsumexp: ints[0] the dim, flag keepdim. Backward functions are
- * tg_* ops, so second derivatives work except through the scatter. */
+ * tg_* ops; max_dim_backward (unmarked: the cpu/ref tests hold it to that)
+ * serves first order only, and a backward being recorded scatters with the
+ * differentiable gather_backward instead, so every order works. */
 #include <string.h>
 
 #include "ops/helpers.h"
+
+/* index.c: max_dim and min_dim's backward while it is being recorded. */
+extern const tg_op tg__op_gather_backward;
 
 /* Output spec of a reduction over the dims in mask. */
 static void reduced_spec(const tg_tensor *x, const bool *mask, bool keep, tg_spec *out)
@@ -232,14 +237,27 @@ const tg_op tg__op_max_dim_backward = {
 };
 
 /* The backward that scatters the gradient to the saved indices (extra
- * slot 0; attrs.ints[0] the dim), shared by max_dim and min_dim. */
+ * slot 0; attrs.ints[0] the dim), shared by max_dim and min_dim. When a
+ * create_graph sweep records it, the unmarked fused scatter cannot be
+ * differentiated: gather_backward does the same scatter (one index per
+ * slot, so its add into zeros gives the same values) with the indices in
+ * keepdim form, and its adjoint is a gather. */
 static tg_status dim_select_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     const tg_spec *x = tg_op_ctx_input_spec(ctx, 0);
     tg_op_attrs a = {.nints = x->ndim};
     memcpy(a.ints, x->shape, sizeof a.ints);
     a.target = (int)(ctx->attrs->ints[0] < 0 ? ctx->attrs->ints[0] + x->ndim : ctx->attrs->ints[0]);
-    gin[0] = tg__call2(&tg__op_max_dim_backward, tg_op_ctx_saved(ctx, 0), g, &a);
+    tg_tensor *idx = tg_op_ctx_saved(ctx, 0);
+    if (tg__records(g)) {
+        int64_t ks[TG_MAX_DIMS];
+        memcpy(ks, x->shape, sizeof ks);
+        ks[a.target] = 1;
+        gin[0] = tg__call2(&tg__op_gather_backward, tg_reshape(g, x->ndim, ks),
+                           tg_reshape(idx, x->ndim, ks), &a);
+    } else {
+        gin[0] = tg__call2(&tg__op_max_dim_backward, idx, g, &a);
+    }
     return gin[0] ? TG_OK : tg_last_error();
 }
 
