@@ -7,15 +7,11 @@
  * Attrs: sum, mean, var, std: ints[0..nints) the dims (nints == 0: all),
  * flag keepdim; var / std: scalar the correction. max_dim, min_dim,
  * argmax, logsumexp: ints[0] the dim, flag keepdim. Backward functions are
- * tg_* ops; max_dim_backward (unmarked: the cpu/ref tests hold it to that)
- * serves first order only, and a backward being recorded scatters with the
- * differentiable gather_backward instead, so every order works. */
+ * tg_* ops, and the scatter's own backward is a gather, so every
+ * derivative order works. */
 #include <string.h>
 
 #include "ops/helpers.h"
-
-/* index.c: max_dim and min_dim's backward while it is being recorded. */
-extern const tg_op tg__op_gather_backward;
 
 /* Output spec of a reduction over the dims in mask. */
 static void reduced_spec(const tg_tensor *x, const bool *mask, bool keep, tg_spec *out)
@@ -231,33 +227,56 @@ static tg_tensor *max_bwd_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
                                                            tg__tensor_ptr(gx));
     return gx;
 }
+/* Linear in gy: the adjoint of the scatter to idx along dim is the gather
+ * of gg at idx (in keepdim form) along dim. The indices are constants. */
+static tg_status max_bwd_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
+{
+    const tg_spec *ys = tg_op_ctx_input_spec(ctx, 1);
+    const tg_op_attrs *a = ctx->attrs;
+    int64_t ks[TG_MAX_DIMS];
+    if (!tg_op_ctx_needs_grad(ctx, 1)) return TG_OK;
+    memcpy(ks, a->ints, sizeof ks);
+    ks[a->target] = 1;
+    tg_tensor *idx = tg_reshape(tg_op_ctx_input(ctx, 0), (int)a->nints, ks);
+    gin[1] = tg_reshape(tg_gather(gg, (int)a->target, idx), ys->ndim, ys->shape);
+    return gin[1] ? TG_OK : tg_last_error();
+}
+
+/* Cases: x shape, dim, keepdim; indices random along dim (any index works,
+ * the op is linear in gy). */
+static int max_bwd_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
+{
+    static const struct { int n; int64_t x[3]; int dim; bool keep; } c[] = {
+        {2, {4, 5}, 1, false}, {2, {4, 5}, 0, true}, {3, {2, 3, 4}, 1, false}, {1, {5}, 0, false},
+    };
+    if (k >= 4) return 0;
+    int64_t ys[TG_MAX_DIMS];
+    int ny = 0;
+    for (int d = 0; d < c[k].n; d++)
+        if (d != c[k].dim || c[k].keep) ys[ny++] = d == c[k].dim ? 1 : c[k].x[d];
+    a->nints = c[k].n;
+    memcpy(a->ints, c[k].x, sizeof c[k].x);
+    a->target = c[k].dim;
+    in[0] = tg__sample_index(rng, ny, ys, c[k].x[c[k].dim]);
+    in[1] = tg__sample_uniform(rng, ny, ys, -1.0, 1.0);
+    return (in[0] && in[1]) ? 2 : -1;
+}
+
 const tg_op tg__op_max_dim_backward = {
     .name = "max_dim_backward", .doc = "gx = gy scattered to the argmax", .arity = 2,
-    .shape = max_bwd_shape, .forward = max_bwd_fwd, .cost = TG_COST_MEMORY_BOUND,
+    .shape = max_bwd_shape, .forward = max_bwd_fwd, .backward = max_bwd_bwd,
+    .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(0), .sample = max_bwd_sample,
 };
 
 /* The backward that scatters the gradient to the saved indices (extra
- * slot 0; attrs.ints[0] the dim), shared by max_dim and min_dim. When a
- * create_graph sweep records it, the unmarked fused scatter cannot be
- * differentiated: gather_backward does the same scatter (one index per
- * slot, so its add into zeros gives the same values) with the indices in
- * keepdim form, and its adjoint is a gather. */
+ * slot 0; attrs.ints[0] the dim), shared by max_dim and min_dim. */
 static tg_status dim_select_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     const tg_spec *x = tg_op_ctx_input_spec(ctx, 0);
     tg_op_attrs a = {.nints = x->ndim};
     memcpy(a.ints, x->shape, sizeof a.ints);
     a.target = (int)(ctx->attrs->ints[0] < 0 ? ctx->attrs->ints[0] + x->ndim : ctx->attrs->ints[0]);
-    tg_tensor *idx = tg_op_ctx_saved(ctx, 0);
-    if (tg__records(g)) {
-        int64_t ks[TG_MAX_DIMS];
-        memcpy(ks, x->shape, sizeof ks);
-        ks[a.target] = 1;
-        gin[0] = tg__call2(&tg__op_gather_backward, tg_reshape(g, x->ndim, ks),
-                           tg_reshape(idx, x->ndim, ks), &a);
-    } else {
-        gin[0] = tg__call2(&tg__op_max_dim_backward, idx, g, &a);
-    }
+    gin[0] = tg__call2(&tg__op_max_dim_backward, tg_op_ctx_saved(ctx, 0), g, &a);
     return gin[0] ? TG_OK : tg_last_error();
 }
 
