@@ -163,7 +163,7 @@ tg_tensor *tg_log_softmax(tg_tensor *x, int dim)
 }
 
 /* ---- cross-entropy: mean over N of -log_softmax(x)[target]. The forward
- * keeps log-probabilities; the backward is one kernel. */
+ * keeps log-probabilities; the first-order backward is one kernel. */
 static tg_status ce_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in, tg_spec *out)
 {
     (void)a;
@@ -238,11 +238,37 @@ const tg_op tg__op_cross_entropy_backward = {
     .arity = 3, .shape = ce_bwd_shape, .forward = ce_bwd_fwd, .cost = TG_COST_MEMORY_BOUND,
 };
 
+/* The same gradient as recorded tg_* ops, for a create_graph sweep: the
+ * saved log-probabilities are an untracked extra, so softmax(x) is
+ * recomputed from the tracked logits; onehot(t) is a constant. */
+static tg_status ce_bwd_ops(tg_op_ctx *ctx, tg_tensor *x, tg_tensor *g, tg_tensor **gin)
+{
+    const tg_tensor *t = tg_op_ctx_input(ctx, 1);
+    int64_t N = x->shape[0], C = x->shape[1];
+    tg_spec xs;
+    tg__spec_of(x, &xs);
+    tg_tensor *onehot = tg__full(&xs, x->backend, 0.0);
+    if (!onehot) return tg_last_error();
+    const int64_t *tp = tg__tensor_ptr(t);
+    void *op = tg__tensor_ptr(onehot);
+    for (int64_t i = 0; i < N; i++) {
+        if (x->dtype == TG_F32)
+            ((float *)op)[i * C + tp[i]] = 1.0f;
+        else
+            ((double *)op)[i * C + tp[i]] = 1.0;
+    }
+    gin[0] = tg_mul(tg_sub(tg_softmax(x, 1), onehot), tg_mul_scalar(g, N ? 1.0 / (double)N : 0.0));
+    return gin[0] ? TG_OK : tg_last_error();
+}
+
 static tg_status ce_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     if (tg_op_ctx_needs_grad(ctx, 1))
         return tg__err(TG_ERR_NOT_DIFFERENTIABLE, "op 'cross_entropy' has no gradient for its "
                                                   "i64 targets");
+    /* The fused kernel records nothing: only when nothing would. */
+    tg_tensor *x = tg_op_ctx_input(ctx, 0);
+    if (tg__records(x) || tg__records(g)) return ce_bwd_ops(ctx, x, g, gin);
     tg_tensor *in[3] = {tg_op_ctx_saved(ctx, 0), tg_op_ctx_input(ctx, 1), g};
     gin[0] = tg_op_call(&tg__op_cross_entropy_backward, 3, in, NULL);
     return gin[0] ? TG_OK : tg_last_error();
@@ -265,7 +291,9 @@ static int ce_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 const tg_op tg__op_cross_entropy = {
     .name = "cross_entropy", .doc = "L = mean_n -log softmax(x_n)[t_n]", .arity = 2,
     .shape = ce_shape, .forward = ce_fwd, .backward = ce_bwd, .cost = TG_COST_MEMORY_BOUND,
-    .saves = TG_SAVE_INPUT(1), .sample = ce_sample,
+    /* x only for a create_graph backward (ce_bwd_ops); first order reads
+     * the log-probabilities. */
+    .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), .sample = ce_sample,
 };
 
 tg_tensor *tg_cross_entropy(tg_tensor *logits, tg_tensor *targets)
