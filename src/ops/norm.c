@@ -9,10 +9,13 @@
  * the means, row 1 the rstd = 1 / sqrt(var + eps) (R = M rows or C
  * channels). Backward: gx by one fused op (<name>_backward(x, w, stats,
  * gy)), gw by another (<name>_backward_weight(x, stats, gy) = sum of
- * gy xhat); both are unmarked, like every fused backward. gb is
- * tg_sum_dims (layer norm) or bias_grad (batch norm; defined in
- * nn_conv.c). The public wrappers pass ones / zeros for a NULL weight / bias,
- * so the ops always have three inputs.
+ * gy xhat); both are unmarked. gb is tg_sum_dims (layer norm) or bias_grad
+ * (batch norm; defined in conv.c). The fused ops record nothing and read
+ * the statistics, an untracked extra, so a create_graph sweep (anything
+ * records) takes norm_bwd_ops instead: the same gradients from tg_* ops,
+ * the statistics recomputed from the tracked x, so the norms have
+ * derivatives of any order. The public wrappers pass ones / zeros for a
+ * NULL weight / bias, so the ops always have three inputs.
  *
  * Running statistics are not op inputs (they are not differentiated, and
  * x, w, b and two running tensors would exceed TG_OP_MAX_INPUTS). While
@@ -208,22 +211,62 @@ const tg_op tg__op_layer_norm_backward_weight = {
     .shape = ln_bwdw_shape, .forward = ln_bwdw_fwd, .cost = TG_COST_MEMORY_BOUND,
 };
 
-static tg_status ln_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+/* gx and gw of a norm as recorded tg_* ops, for a create_graph sweep. The
+ * saved statistics are an untracked extra: they are recomputed from the
+ * tracked x over its nd dims (keepdim), so the record carries their
+ * dependence on x. wb is w broadcastable against x; gw sums g xhat over
+ * the nw dims wdims. */
+static tg_status norm_bwd_ops(tg_op_ctx *ctx, tg_tensor *x, tg_tensor *wb, tg_tensor *g,
+                              int nd, const int *dims, int nw, const int *wdims,
+                              tg_tensor **gin)
 {
-    tg_tensor *x = tg_op_ctx_input(ctx, 0), *st = tg_op_ctx_saved(ctx, 0);
-    const tg_op_attrs *a = ctx->attrs;
+    if (!tg_op_ctx_needs_grad(ctx, 0) && !tg_op_ctx_needs_grad(ctx, 1)) return TG_OK;
+    tg_tensor *xc = tg_sub(x, tg_mean_dims(x, nd, dims, true));
+    tg_tensor *var = tg_mean_dims(tg_mul(xc, xc), nd, dims, true);
+    tg_tensor *rstd = tg_pow_scalar(tg_add_scalar(var, ctx->attrs->scalar), -0.5);
+    tg_tensor *xhat = tg_mul(xc, rstd);
+    if (!xhat) return tg_last_error();
     if (tg_op_ctx_needs_grad(ctx, 0)) {
-        tg_tensor *in[4] = {x, tg_op_ctx_input(ctx, 1), st, g};
-        if (!(gin[0] = tg_op_call(&tg__op_layer_norm_backward, 4, in, a))) return tg_last_error();
+        /* gx = rstd (gh - mean(gh) - xhat mean(gh xhat)), gh = g w. */
+        tg_tensor *gh = tg_mul(g, wb);
+        tg_tensor *c = tg_sub(gh, tg_mean_dims(gh, nd, dims, true));
+        c = tg_sub(c, tg_mul(xhat, tg_mean_dims(tg_mul(gh, xhat), nd, dims, true)));
+        if (!(gin[0] = tg_mul(rstd, c))) return tg_last_error();
     }
     if (tg_op_ctx_needs_grad(ctx, 1)) {
-        tg_tensor *in[3] = {x, st, g};
-        if (!(gin[1] = tg_op_call(&tg__op_layer_norm_backward_weight, 3, in, a)))
-            return tg_last_error();
+        tg_tensor *gw = tg_mul(g, xhat);
+        if (!(gin[1] = nw ? tg_sum_dims(gw, nw, wdims, false) : gw)) return tg_last_error();
+    }
+    return TG_OK;
+}
+
+static tg_status ln_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
+    tg_tensor *st = tg_op_ctx_saved(ctx, 0);
+    const tg_op_attrs *a = ctx->attrs;
+    int k = (int)a->ints[0], lead = g->ndim - k, dims[TG_MAX_DIMS];
+    for (int i = 0; i < lead; i++) dims[i] = i;
+    /* The fused ops record nothing and read the untracked statistics: only
+     * when nothing records. */
+    if (tg__records(x) || tg__records(w) || tg__records(g)) {
+        int ndims[TG_MAX_DIMS];
+        for (int i = 0; i < k; i++) ndims[i] = lead + i;
+        tg_status s = norm_bwd_ops(ctx, x, w, g, k, ndims, lead, dims, gin);
+        if (s) return s;
+    } else {
+        if (tg_op_ctx_needs_grad(ctx, 0)) {
+            tg_tensor *in[4] = {x, w, st, g};
+            if (!(gin[0] = tg_op_call(&tg__op_layer_norm_backward, 4, in, a)))
+                return tg_last_error();
+        }
+        if (tg_op_ctx_needs_grad(ctx, 1)) {
+            tg_tensor *in[3] = {x, st, g};
+            if (!(gin[1] = tg_op_call(&tg__op_layer_norm_backward_weight, 3, in, a)))
+                return tg_last_error();
+        }
     }
     if (tg_op_ctx_needs_grad(ctx, 2)) {
-        int lead = g->ndim - (int)a->ints[0], dims[TG_MAX_DIMS];
-        for (int i = 0; i < lead; i++) dims[i] = i;
         gin[2] = lead ? tg_sum_dims(g, lead, dims, false) : g;
         if (!gin[2]) return tg_last_error();
     }
@@ -318,7 +361,7 @@ static tg_status bn_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *cons
     return TG_OK;
 }
 
-/* In nn_conv.c: the sum over every dim but 1, the bias gradient. */
+/* In conv.c: the sum over every dim but 1, the bias gradient. */
 extern const tg_op tg__op_bias_grad;
 
 /* The side channel of tg_batch_norm (see the top of the file). */
@@ -425,9 +468,24 @@ const tg_op tg__op_batch_norm_backward_weight = {
 
 static tg_status bn_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
-    tg_tensor *x = tg_op_ctx_input(ctx, 0), *st = tg_op_ctx_saved(ctx, 0);
+    tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
+    tg_tensor *st = tg_op_ctx_saved(ctx, 0);
+    /* As in ln_bwd: the fused ops (bias_grad too) only when nothing
+     * records; else every dim but the channels' is reduced by tg_* ops. */
+    if (tg__records(x) || tg__records(w) || tg__records(g)) {
+        int nd = x->ndim - 1, dims[TG_MAX_DIMS];
+        int64_t ws[TG_MAX_DIMS];
+        for (int i = 0; i < x->ndim; i++) ws[i] = i == 1 ? x->shape[1] : 1;
+        for (int i = 0; i < nd; i++) dims[i] = i ? i + 1 : 0;
+        tg_status s = norm_bwd_ops(ctx, x, tg_reshape(w, x->ndim, ws), g, nd, dims, nd, dims,
+                                   gin);
+        if (s) return s;
+        if (tg_op_ctx_needs_grad(ctx, 2) && !(gin[2] = tg_sum_dims(g, nd, dims, false)))
+            return tg_last_error();
+        return TG_OK;
+    }
     if (tg_op_ctx_needs_grad(ctx, 0)) {
-        tg_tensor *in[4] = {x, tg_op_ctx_input(ctx, 1), st, g};
+        tg_tensor *in[4] = {x, w, st, g};
         if (!(gin[0] = tg_op_call(&tg__op_batch_norm_backward, 4, in, ctx->attrs)))
             return tg_last_error();
     }

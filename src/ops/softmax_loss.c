@@ -60,6 +60,21 @@ static int softmax_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
     return in[0] ? 1 : -1;
 }
 
+/* The fused backward ops record nothing once called (they are unmarked,
+ * like every fused backward), so a create_graph sweep (anything records)
+ * takes the same math as tg_* ops on the tracked y and g instead: those
+ * are differentiable to any order. Sums run along the dim, keepdim. */
+/* gx = y (g - sum(g y)) */
+static tg_tensor *softmax_grad_ops(tg_tensor *y, tg_tensor *g, int d)
+{
+    return tg_mul(y, tg_sub(g, tg_sum_dims(tg_mul(g, y), 1, &d, true)));
+}
+/* gx = g - e^y sum(g) */
+static tg_tensor *log_softmax_grad_ops(tg_tensor *y, tg_tensor *g, int d)
+{
+    return tg_sub(g, tg_mul(tg_exp(y), tg_sum_dims(g, 1, &d, true)));
+}
+
 #define SOFTMAX_OP(lname, KID, GKID, math, gmath)                                   \
     static tg_tensor *lname##_backward_fwd(tg_op_ctx *ctx, tg_tensor *const *in)    \
     {                                                                               \
@@ -75,7 +90,11 @@ static int softmax_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
     }                                                                               \
     static tg_status lname##_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)     \
     {                                                                               \
-        gin[0] = tg__call2(&tg__op_##lname##_backward, tg_op_ctx_output(ctx), g, ctx->attrs); \
+        tg_tensor *y = tg_op_ctx_output(ctx);                                       \
+        if (tg__records(y) || tg__records(g))                                       \
+            gin[0] = lname##_grad_ops(y, g, tg__dim_attr(ctx->attrs, y->ndim));     \
+        else                                                                        \
+            gin[0] = tg__call2(&tg__op_##lname##_backward, y, g, ctx->attrs);       \
         return gin[0] ? TG_OK : tg_last_error();                                    \
     }                                                                               \
     const tg_op tg__op_##lname = {                                                  \
@@ -102,7 +121,7 @@ tg_tensor *tg_log_softmax(tg_tensor *x, int dim)
 }
 
 /* ---- cross-entropy: mean over N of -log_softmax(x)[target]. The forward
- * keeps log-probabilities; the backward is one kernel. */
+ * keeps log-probabilities; the first-order backward is one kernel. */
 static tg_status ce_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in, tg_spec *out)
 {
     (void)a;
@@ -177,11 +196,37 @@ const tg_op tg__op_cross_entropy_backward = {
     .arity = 3, .shape = ce_bwd_shape, .forward = ce_bwd_fwd, .cost = TG_COST_MEMORY_BOUND,
 };
 
+/* The same gradient as recorded tg_* ops, for a create_graph sweep: the
+ * saved log-probabilities are an untracked extra, so softmax(x) is
+ * recomputed from the tracked logits; onehot(t) is a constant. */
+static tg_status ce_bwd_ops(tg_op_ctx *ctx, tg_tensor *x, tg_tensor *g, tg_tensor **gin)
+{
+    const tg_tensor *t = tg_op_ctx_input(ctx, 1);
+    int64_t N = x->shape[0], C = x->shape[1];
+    tg_spec xs;
+    tg__spec_of(x, &xs);
+    tg_tensor *onehot = tg__full(&xs, x->backend, 0.0);
+    if (!onehot) return tg_last_error();
+    const int64_t *tp = tg__tensor_ptr(t);
+    void *op = tg__tensor_ptr(onehot);
+    for (int64_t i = 0; i < N; i++) {
+        if (x->dtype == TG_F32)
+            ((float *)op)[i * C + tp[i]] = 1.0f;
+        else
+            ((double *)op)[i * C + tp[i]] = 1.0;
+    }
+    gin[0] = tg_mul(tg_sub(tg_softmax(x, 1), onehot), tg_mul_scalar(g, N ? 1.0 / (double)N : 0.0));
+    return gin[0] ? TG_OK : tg_last_error();
+}
+
 static tg_status ce_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     if (tg_op_ctx_needs_grad(ctx, 1))
         return tg__err(TG_ERR_NOT_DIFFERENTIABLE, "op 'cross_entropy' has no gradient for its "
                                                   "i64 targets");
+    /* The fused kernel records nothing: only when nothing would. */
+    tg_tensor *x = tg_op_ctx_input(ctx, 0);
+    if (tg__records(x) || tg__records(g)) return ce_bwd_ops(ctx, x, g, gin);
     tg_tensor *in[3] = {tg_op_ctx_saved(ctx, 0), tg_op_ctx_input(ctx, 1), g};
     gin[0] = tg_op_call(&tg__op_cross_entropy_backward, 3, in, NULL);
     return gin[0] ? TG_OK : tg_last_error();
@@ -204,7 +249,9 @@ static int ce_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 const tg_op tg__op_cross_entropy = {
     .name = "cross_entropy", .doc = "L = mean_n -log softmax(x_n)[t_n]", .arity = 2,
     .shape = ce_shape, .forward = ce_fwd, .backward = ce_bwd, .cost = TG_COST_MEMORY_BOUND,
-    .saves = TG_SAVE_INPUT(1), .sample = ce_sample,
+    /* x only for a create_graph backward (ce_bwd_ops); first order reads
+     * the log-probabilities. */
+    .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), .sample = ce_sample,
 };
 
 tg_tensor *tg_cross_entropy(tg_tensor *logits, tg_tensor *targets)
