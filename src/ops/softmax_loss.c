@@ -24,7 +24,7 @@ static tg_tensor *dim_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid
     return y;
 }
 
-/* Fused backward ops: (y, gy) -> gx along the same dim. Unmarked. */
+/* Fused backward ops: (y, gy) -> gx along the same dim. */
 static tg_status dim_grad_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
                                 tg_spec *out)
 {
@@ -60,19 +60,59 @@ static int softmax_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
     return in[0] ? 1 : -1;
 }
 
-/* The fused backward ops record nothing once called (they are unmarked,
- * like every fused backward), so a create_graph sweep (anything records)
- * takes the same math as tg_* ops on the tracked y and g instead: those
- * are differentiable to any order. Sums run along the dim, keepdim. */
-/* gx = y (g - sum(g y)) */
-static tg_tensor *softmax_grad_ops(tg_tensor *y, tg_tensor *g, int d)
+/* The fused backward ops are differentiable themselves, written with tg_*
+ * ops (a create_graph sweep records softmax's backward as one
+ * softmax_backward node, which a later sweep then differentiates). Both
+ * are linear in gy; gg is the gradient flowing into gx, sums run along the
+ * dim (keepdim). */
+extern const tg_op tg__op_softmax_backward, tg__op_log_softmax_backward;
+
+/* gx = y (gy - s), s = sum(gy y): d/dy = gg (gy - s) - gy sum(gg y);
+ * d/dgy = y (gg - sum(gg y)), softmax_backward(y, gg) again. */
+static tg_status softmax_backward_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
 {
-    return tg_mul(y, tg_sub(g, tg_sum_dims(tg_mul(g, y), 1, &d, true)));
+    tg_tensor *y = tg_op_ctx_input(ctx, 0), *gy = tg_op_ctx_input(ctx, 1);
+    int d = tg__dim_attr(ctx->attrs, y->ndim);
+    if (tg_op_ctx_needs_grad(ctx, 0)) {
+        tg_tensor *s = tg_sum_dims(tg_mul(gy, y), 1, &d, true);
+        tg_tensor *sg = tg_sum_dims(tg_mul(gg, y), 1, &d, true);
+        if (!(gin[0] = tg_sub(tg_mul(gg, tg_sub(gy, s)), tg_mul(gy, sg)))) return tg_last_error();
+    }
+    if (tg_op_ctx_needs_grad(ctx, 1) &&
+        !(gin[1] = tg__call2(&tg__op_softmax_backward, y, gg, ctx->attrs)))
+        return tg_last_error();
+    return TG_OK;
 }
-/* gx = g - e^y sum(g) */
-static tg_tensor *log_softmax_grad_ops(tg_tensor *y, tg_tensor *g, int d)
+
+/* gx = gy - e^y sum(gy): d/dy = -e^y gg sum(gy); d/dgy = gg - sum(gg e^y). */
+static tg_status log_softmax_backward_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin)
 {
-    return tg_sub(g, tg_mul(tg_exp(y), tg_sum_dims(g, 1, &d, true)));
+    tg_tensor *y = tg_op_ctx_input(ctx, 0), *gy = tg_op_ctx_input(ctx, 1);
+    int d = tg__dim_attr(ctx->attrs, y->ndim);
+    tg_tensor *ey = tg_exp(y);
+    if (!ey) return tg_last_error();
+    if (tg_op_ctx_needs_grad(ctx, 0) &&
+        !(gin[0] = tg_neg(tg_mul(tg_mul(ey, gg), tg_sum_dims(gy, 1, &d, true)))))
+        return tg_last_error();
+    if (tg_op_ctx_needs_grad(ctx, 1) &&
+        !(gin[1] = tg_sub(gg, tg_sum_dims(tg_mul(gg, ey), 1, &d, true))))
+        return tg_last_error();
+    return TG_OK;
+}
+
+/* Cases of the fused ops: softmax's, with y the forward's output there
+ * (the only y the op is called on) and gy in [-1, 1). */
+static int dim_grad_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a,
+                           tg_tensor *(*fwd)(tg_tensor *, int))
+{
+    int n = softmax_sample(k, rng, in, a);
+    if (n != 1) return n;
+    tg_tensor *x = in[0];
+    in[0] = fwd(x, (int)a->ints[0]); /* scope-owned: the caller's scope */
+    tg_tensor_release(x);
+    if (!in[0]) return -1;
+    in[1] = tg__sample_uniform(rng, in[0]->ndim, in[0]->shape, -1.0, 1.0);
+    return in[1] ? 2 : -1;
 }
 
 #define SOFTMAX_OP(lname, KID, GKID, math, gmath)                                   \
@@ -80,9 +120,15 @@ static tg_tensor *log_softmax_grad_ops(tg_tensor *y, tg_tensor *g, int d)
     {                                                                               \
         return dim_grad_fwd(ctx, in, GKID);                                         \
     }                                                                               \
+    static int lname##_backward_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a) \
+    {                                                                               \
+        return dim_grad_sample(k, rng, in, a, tg_##lname);                          \
+    }                                                                               \
     const tg_op tg__op_##lname##_backward = {                                       \
         .name = #lname "_backward", .doc = gmath, .arity = 2, .shape = dim_grad_shape, \
-        .forward = lname##_backward_fwd, .cost = TG_COST_MEMORY_BOUND,              \
+        .forward = lname##_backward_fwd, .backward = lname##_backward_bwd,          \
+        .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), \
+        .sample = lname##_backward_sample,                                          \
     };                                                                              \
     static tg_tensor *lname##_fwd(tg_op_ctx *ctx, tg_tensor *const *in)             \
     {                                                                               \
@@ -90,11 +136,7 @@ static tg_tensor *log_softmax_grad_ops(tg_tensor *y, tg_tensor *g, int d)
     }                                                                               \
     static tg_status lname##_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)     \
     {                                                                               \
-        tg_tensor *y = tg_op_ctx_output(ctx);                                       \
-        if (tg__records(y) || tg__records(g))                                       \
-            gin[0] = lname##_grad_ops(y, g, tg__dim_attr(ctx->attrs, y->ndim));     \
-        else                                                                        \
-            gin[0] = tg__call2(&tg__op_##lname##_backward, y, g, ctx->attrs);       \
+        gin[0] = tg__call2(&tg__op_##lname##_backward, tg_op_ctx_output(ctx), g, ctx->attrs); \
         return gin[0] ? TG_OK : tg_last_error();                                    \
     }                                                                               \
     const tg_op tg__op_##lname = {                                                  \
