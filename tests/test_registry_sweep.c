@@ -409,12 +409,14 @@ static double *second_order_values(const op_call *c, int n, tg_tensor *const *in
     return out;
 }
 
-Test(sweep, second_order_results_are_bitwise_equal_under_every_policy)
+/* Calls fn on every case of every differentiable op with cases, on both
+ * backends (the default backend set to each), releasing the inputs after
+ * it; ctx is fn's. */
+typedef void (*case_fn)(const op_call *c, int k, int n, tg_tensor **in, tg_backend be,
+                        sweep_log *lg, void *ctx);
+
+static void for_each_case(case_fn fn, void *ctx, sweep_log *lg)
 {
-    size_t mem0 = tg_mem_current_bytes();
-    sweep_log *lg = calloc(1, sizeof *lg);
-    cr_assert(lg != NULL);
-    int compared = 0;
     for (int i = 0; i < tg_op_count(); i++) {
         const tg_op *op = tg_op_at(i);
         if (tg_op_mark(op) != TG_AD_BACKWARD || !op->sample) continue;
@@ -425,23 +427,38 @@ Test(sweep, second_order_results_are_bitwise_equal_under_every_policy)
                 op_call c = {.op = op};
                 int n = sample_case(op, k, in, &c.attrs, lg);
                 if (n <= 0) break;
-                int64_t len0, len;
-                double *ref = second_order_values(&c, n, in, 0, &len0, lg);
-                for (int v = 1; v < 4 && ref; v++) {
-                    double *got = second_order_values(&c, n, in, v, &len, lg);
-                    if (!got || len != len0 || memcmp(got, ref, (size_t)len * sizeof *got) != 0)
-                        log_fail(lg, "op '%s' case %d on %s: second order under policy %d "
-                                     "differs from NONE's", op->name, k,
-                                 tg_backend_name(backends[b]), v);
-                    free(got);
-                }
-                compared += ref != NULL;
-                free(ref);
+                fn(&c, k, n, in, backends[b], lg, ctx);
                 tu_release_all(in, n);
             }
             tg_set_default_backend(prev);
         }
     }
+}
+
+static void compare_policies(const op_call *c, int k, int n, tg_tensor **in, tg_backend be,
+                             sweep_log *lg, void *ctx)
+{
+    int *compared = ctx;
+    int64_t len0, len;
+    double *ref = second_order_values(c, n, in, 0, &len0, lg);
+    for (int v = 1; v < 4 && ref; v++) {
+        double *got = second_order_values(c, n, in, v, &len, lg);
+        if (!got || len != len0 || memcmp(got, ref, (size_t)len * sizeof *got) != 0)
+            log_fail(lg, "op '%s' case %d on %s: second order under policy %d differs from "
+                         "NONE's", c->op->name, k, tg_backend_name(be), v);
+        free(got);
+    }
+    *compared += ref != NULL;
+    free(ref);
+}
+
+Test(sweep, second_order_results_are_bitwise_equal_under_every_policy)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    sweep_log *lg = calloc(1, sizeof *lg);
+    cr_assert(lg != NULL);
+    int compared = 0;
+    for_each_case(compare_policies, &compared, lg);
     cr_expect_eq(lg->failures, 0, "%d failure(s):\n%s", lg->failures, lg->text);
     cr_expect_gt(compared, count_differentiable(), "only %d cases compared", compared);
     free(lg);
@@ -682,6 +699,40 @@ static void grads_with_mask(const op_call *c, int k, int n, tg_tensor *const *in
     tg_tape_free(tape);
 }
 
+static void compare_single_input(const op_call *c, int k, int n, tg_tensor **in, tg_backend be,
+                                 sweep_log *lg, void *ctx)
+{
+    int *ncompared = ctx;
+    unsigned all = 0;
+    for (int j = 0; j < n; j++)
+        if (tu_is_float(tg_tensor_dtype(in[j]))) all |= 1u << j;
+    tg_tensor *gall[TG_OP_MAX_INPUTS], *gone[TG_OP_MAX_INPUTS];
+    grads_with_mask(c, k, n, in, all, gall, lg);
+    for (int j = 0; j < n; j++) {
+        if (!(all & (1u << j)) || all == (1u << j) || !gall[j]) continue;
+        grads_with_mask(c, k, n, in, 1u << j, gone, lg);
+        if (gone[j]) {
+            int64_t m = tg_tensor_numel(gall[j]);
+            double worst = 0.0;
+            for (int64_t e = 0; e < m; e++) {
+                double u = 0, v = 0;
+                tg_tensor_get(gall[j], e, &u);
+                tg_tensor_get(gone[j], e, &v);
+                double err = fabs(u - v) / fmax(1.0, fabs(u));
+                if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
+            }
+            if (!(worst <= 1e-13) || tg_tensor_numel(gone[j]) != m)
+                log_fail(lg,
+                         "op '%s' case %d on %s: input %d alone gets a gradient "
+                         "differing by %.3g (relative) from all tracked",
+                         c->op->name, k, tg_backend_name(be), j, worst);
+            (*ncompared)++;
+        }
+        tu_release_all(gone, n);
+    }
+    tu_release_all(gall, n);
+}
+
 /* Backward functions skip inputs that need no gradient: the branch taken
  * when only input j is tracked must give the same gradient as when all
  * are (the same kernels run, so to 1e-13 relative). */
@@ -691,49 +742,7 @@ Test(sweep, each_input_gets_the_same_gradient_when_it_is_the_only_one_tracked)
     sweep_log *lg = calloc(1, sizeof *lg);
     cr_assert(lg != NULL);
     int ncompared = 0;
-    for (int i = 0; i < tg_op_count(); i++) {
-        const tg_op *op = tg_op_at(i);
-        if (tg_op_mark(op) != TG_AD_BACKWARD || !op->sample) continue;
-        for (int b = 0; b < 2; b++) {
-            tg_backend prev = tg_set_default_backend(backends[b]);
-            for (int k = 0; k < MAX_CASES; k++) {
-                tg_tensor *in[TG_OP_MAX_INPUTS];
-                op_call c = {.op = op};
-                int n = sample_case(op, k, in, &c.attrs, lg);
-                if (n <= 0) break;
-                unsigned all = 0;
-                for (int j = 0; j < n; j++)
-                    if (tu_is_float(tg_tensor_dtype(in[j]))) all |= 1u << j;
-                tg_tensor *gall[TG_OP_MAX_INPUTS], *gone[TG_OP_MAX_INPUTS];
-                grads_with_mask(&c, k, n, in, all, gall, lg);
-                for (int j = 0; j < n; j++) {
-                    if (!(all & (1u << j)) || all == (1u << j) || !gall[j]) continue;
-                    grads_with_mask(&c, k, n, in, 1u << j, gone, lg);
-                    if (gone[j]) {
-                        int64_t m = tg_tensor_numel(gall[j]);
-                        double worst = 0.0;
-                        for (int64_t e = 0; e < m; e++) {
-                            double u = 0, v = 0;
-                            tg_tensor_get(gall[j], e, &u);
-                            tg_tensor_get(gone[j], e, &v);
-                            double err = fabs(u - v) / fmax(1.0, fabs(u));
-                            if (!(err <= worst)) worst = isnan(err) ? INFINITY : err;
-                        }
-                        if (!(worst <= 1e-13) || tg_tensor_numel(gone[j]) != m)
-                            log_fail(lg,
-                                     "op '%s' case %d on %s: input %d alone gets a gradient "
-                                     "differing by %.3g (relative) from all tracked",
-                                     op->name, k, tg_backend_name(backends[b]), j, worst);
-                        ncompared++;
-                    }
-                    tu_release_all(gone, n);
-                }
-                tu_release_all(gall, n);
-                tu_release_all(in, n);
-            }
-            tg_set_default_backend(prev);
-        }
-    }
+    for_each_case(compare_single_input, &ncompared, lg);
     cr_expect_eq(lg->failures, 0, "%d failure(s):\n%s", lg->failures, lg->text);
     cr_expect_gt(ncompared, 0);
     cr_log_info("single-input gradients: %d compared", ncompared);
