@@ -226,6 +226,18 @@ def run_torch(name, quick):
     return res
 
 
+def run_tool(cmd):
+    """Runs the tapegrad command cmd in this environment; its output, which is
+    printed when it fails (or with --show-tapegrad)."""
+    p = subprocess.run(cmd, env=os.environ.copy(), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, universal_newlines=True)
+    if ARGS.show_tapegrad or p.returncode:
+        sys.stdout.write(p.stdout)
+    if p.returncode:
+        raise RuntimeError("%s exited with %d" % (" ".join(cmd), p.returncode))
+    return p.stdout
+
+
 def run_tapegrad(names, quick, threads):
     fd, path = tempfile.mkstemp(suffix=".json", prefix="tapegrad-bench-")
     os.close(fd)
@@ -233,12 +245,7 @@ def run_tapegrad(names, quick, threads):
     if quick:
         cmd.append("--quick")
     try:
-        p = subprocess.run(cmd, env=os.environ.copy(), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, universal_newlines=True)
-        if ARGS.show_tapegrad or p.returncode:
-            sys.stdout.write(p.stdout)
-        if p.returncode:
-            raise RuntimeError("%s exited with %d" % (" ".join(cmd), p.returncode))
+        run_tool(cmd)
         with open(path) as fh:
             return json.load(fh), " ".join(cmd)
     finally:
@@ -293,14 +300,8 @@ def main_hvp():
     cmd = [ARGS.tapegrad, "bench", "hvp", "--threads", str(ARGS.threads)]
     if ARGS.quick:
         cmd.append("--quick")
-    p = subprocess.run(cmd, env=os.environ.copy(), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, universal_newlines=True)
-    if ARGS.show_tapegrad or p.returncode:
-        sys.stdout.write(p.stdout)
-    if p.returncode:
-        raise RuntimeError("%s exited with %d" % (" ".join(cmd), p.returncode))
     tg = {}
-    for line in p.stdout.splitlines():
+    for line in run_tool(cmd).splitlines():
         f = line.split()
         if len(f) == 6 and f[0] in names:
             tg[f[0]] = {"fwd_bwd": float(f[1]), "hvp": float(f[2]),

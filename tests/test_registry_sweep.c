@@ -265,38 +265,42 @@ static int count_differentiable(void)
  * (docs/ops.md is the registry's committed snapshot, marks included). */
 
 /* ---- The sweep itself. */
-Test(sweep, every_differentiable_op_passes_gradcheck_on_both_backends)
+/* Runs the sweep in a mode (fast, order) and expects no failure (what is
+ * a gradcheck or gradgradcheck) and every differentiable op checked on
+ * both backends; *ncases gets the cases run. Returns the ops checked. */
+static int expect_clean_sweep(bool fast, int order, const char *what, int *ncases)
 {
-    size_t mem0 = tg_mem_current_bytes();
     sweep_log *lg = calloc(1, sizeof *lg);
     cr_assert(lg != NULL);
-    int ncases = 0;
-    int nops = run_sweep(false, 1, lg, NULL, &ncases);
-    cr_expect_eq(lg->failures, 0, "%d gradcheck failure(s):\n%s", lg->failures, lg->text);
+    int nops = run_sweep(fast, order, lg, NULL, ncases);
+    cr_expect_eq(lg->failures, 0, "%d %s failure(s):\n%s", lg->failures, what, lg->text);
     cr_expect_eq(nops, count_differentiable(),
                  "checked %d ops on both backends, registry has %d "
                  "differentiable ones",
                  nops, count_differentiable());
+    free(lg);
+    return nops;
+}
+
+Test(sweep, every_differentiable_op_passes_gradcheck_on_both_backends)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    int ncases = 0;
+    int nops = expect_clean_sweep(false, 1, "gradcheck", &ncases);
     cr_expect_gt(nops, 0, "the registry has no differentiable op");
     cr_expect_geq(ncases, 2 * nops, "only %d cases over %d ops", ncases, nops);
     cr_log_info("sweep: %d differentiable ops, %d gradcheck cases passed (both backends)", nops,
                 ncases);
-    free(lg);
     tu_expect_no_leaks(mem0);
 }
 
 Test(sweep, every_differentiable_op_passes_fast_directional_gradcheck_on_both_backends)
 {
     size_t mem0 = tg_mem_current_bytes();
-    sweep_log *lg = calloc(1, sizeof *lg);
-    cr_assert(lg != NULL);
     int ncases = 0;
-    int nops = run_sweep(true, 1, lg, NULL, &ncases);
-    cr_expect_eq(lg->failures, 0, "%d fast-mode gradcheck failure(s):\n%s", lg->failures, lg->text);
-    cr_expect_eq(nops, count_differentiable());
+    int nops = expect_clean_sweep(true, 1, "fast-mode gradcheck", &ncases);
     cr_expect_eq(ncases, 2 * nops, "fast mode runs once per op and backend: %d cases, %d ops",
                  ncases, nops);
-    free(lg);
     tu_expect_no_leaks(mem0);
 }
 
@@ -304,29 +308,21 @@ Test(sweep, every_differentiable_op_passes_fast_directional_gradcheck_on_both_ba
 Test(sweep, every_differentiable_op_passes_gradgradcheck_on_both_backends)
 {
     size_t mem0 = tg_mem_current_bytes();
-    sweep_log *lg = calloc(1, sizeof *lg);
-    cr_assert(lg != NULL);
     int ncases = 0;
-    int nops = run_sweep(false, 2, lg, NULL, &ncases);
-    cr_expect_eq(lg->failures, 0, "%d gradgradcheck failure(s):\n%s", lg->failures, lg->text);
-    cr_expect_eq(nops, count_differentiable());
+    int nops = expect_clean_sweep(false, 2, "gradgradcheck", &ncases);
     cr_expect_geq(ncases, 2 * nops, "only %d cases over %d ops", ncases, nops);
     cr_log_info("sweep: %d differentiable ops, %d gradgradcheck cases passed (both backends)",
                 nops, ncases);
-    free(lg);
     tu_expect_no_leaks(mem0);
 }
 
 Test(sweep, every_differentiable_op_passes_fast_gradgradcheck_on_both_backends)
 {
     size_t mem0 = tg_mem_current_bytes();
-    sweep_log *lg = calloc(1, sizeof *lg);
-    cr_assert(lg != NULL);
     int ncases = 0;
-    int nops = run_sweep(true, 2, lg, NULL, &ncases);
-    cr_expect_eq(lg->failures, 0, "%d fast gradgradcheck failure(s):\n%s", lg->failures, lg->text);
-    cr_expect_eq(nops, count_differentiable());
-    free(lg);
+    int nops = expect_clean_sweep(true, 2, "fast gradgradcheck", &ncases);
+    cr_expect_eq(ncases, 2 * nops, "fast mode runs once per op and backend: %d cases, %d ops",
+                 ncases, nops);
     tu_expect_no_leaks(mem0);
 }
 
