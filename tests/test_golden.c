@@ -4,7 +4,8 @@
  * tests/golden/<name>.txt: the inputs, the loss and the gradient of every
  * f64 input (format in tests/golden/README.md). Here the same graph is built
  * with tapegrad's public API, on the default backend and again on the ref
- * backend, and the loss and every gradient must match to 1e-10
+ * backend, and the loss, every gradient and the Hessian-vector product
+ * (tg_grad_of with create_graph, then tg_hvp) must match to 1e-10
  * (|a - g| <= 1e-10 * max(1, |g|)).
  *
  * The graph list is GOLDEN_GRAPHS below, one X(name, "input names") entry
@@ -64,7 +65,11 @@
     X(reshape_chain, "x W")                                                                        \
     X(mse_loss_sigmoid, "p y")                                                                     \
     X(scalar_add_mul, "x")                                                                         \
-    X(expand_sum_to, "x y")
+    X(expand_sum_to, "x y")                                                                        \
+    X(mlp_tanh_cross_entropy, "x W1 b1 W2 b2 W3 target")                                           \
+    X(attention_head, "x Wq Wk Wv Wo gamma beta w")                                                \
+    X(rnn_unrolled, "x h0 Wx Wh b Wo target")                                                      \
+    X(smooth_maps_chain, "x y")
 
 /* Literal shapes and dim lists for the builders. */
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
@@ -321,6 +326,46 @@ static tg_tensor *build_expand_sum_to(tg_tensor **in)
     return tg_sum(tg_pow_scalar(SUM_TO(e, 3, 1), 2.0));
 }
 
+/* cross_entropy(tanh(tanh(x @ W1 + b1) @ W2 + b2) @ W3, target) */
+static tg_tensor *build_mlp_tanh_cross_entropy(tg_tensor **in)
+{
+    tg_tensor *h = tg_tanh(tg_add(tg_matmul(in[0], in[1]), in[2]));
+    h = tg_tanh(tg_add(tg_matmul(h, in[3]), in[4]));
+    return tg_cross_entropy(tg_matmul(h, in[5]), in[6]);
+}
+
+/* sum(layer_norm(x + softmax(q k^T / sqrt 3, -1) v Wo, gamma, beta) * w),
+ * q = x Wq, k = x Wk, v = x Wv */
+static tg_tensor *build_attention_head(tg_tensor **in)
+{
+    tg_tensor *x = in[0];
+    tg_tensor *q = tg_matmul(x, in[1]), *k = tg_matmul(x, in[2]), *v = tg_matmul(x, in[3]);
+    tg_tensor *a = tg_softmax(tg_mul_scalar(tg_matmul(q, tg_transpose(k, 0, 1)), 1.0 / sqrt(3.0)),
+                              -1);
+    tg_tensor *r = tg_add(x, tg_matmul(tg_matmul(a, v), in[4]));
+    return tg_sum(tg_mul(tg_layer_norm(r, 1, in[5], in[6], 1e-5), in[7]));
+}
+
+/* h = h0; for t: h = tanh(x[t] @ Wx + h @ Wh + b); cross_entropy(h @ Wo, target) */
+static tg_tensor *build_rnn_unrolled(tg_tensor **in)
+{
+    tg_tensor *x = in[0], *h = in[1];
+    const int64_t *s = tg_tensor_shape(x);
+    for (int64_t t = 0; t < s[0]; t++) {
+        tg_tensor *xt = RESHAPE(tg_narrow(x, 0, t, 1), s[1], s[2]);
+        h = tg_tanh(tg_add(tg_add(tg_matmul(xt, in[2]), tg_matmul(h, in[3])), in[4]));
+    }
+    return tg_cross_entropy(tg_matmul(h, in[5]), in[6]);
+}
+
+/* sum(gelu(x) * silu(y) + softplus(x * y) + sin(x) * cos(y)) */
+static tg_tensor *build_smooth_maps_chain(tg_tensor **in)
+{
+    tg_tensor *x = in[0], *y = in[1];
+    tg_tensor *a = tg_add(tg_mul(tg_gelu(x), tg_silu(y)), tg_softplus(tg_mul(x, y), 1.0, 20.0));
+    return tg_sum(tg_add(a, tg_mul(tg_sin(x), tg_cos(y))));
+}
+
 /* ---- The table. */
 typedef tg_tensor *(*build_fn)(tg_tensor **in);
 
@@ -341,8 +386,10 @@ typedef struct golden_input {
     int ndim;
     int64_t shape[TG_MAX_DIMS];
     int64_t numel;
-    void *data;   /* numel doubles (f64) or int64_t (i64) */
-    double *grad; /* f64 inputs: numel doubles, once read */
+    void *data; /* numel doubles (f64) or int64_t (i64) */
+    /* f64 inputs, numel doubles each once read: the gradient, the HVP's
+     * direction for this input and the HVP's result for this input. */
+    double *grad, *dir, *hvp;
 } golden_input;
 
 typedef struct golden {
@@ -358,6 +405,8 @@ static void golden_free(golden *g)
     for (int i = 0; i < g->ninputs; i++) {
         free(g->in[i].data);
         free(g->in[i].grad);
+        free(g->in[i].dir);
+        free(g->in[i].hvp);
     }
     memset(g, 0, sizeof *g);
 }
@@ -497,19 +546,24 @@ static bool golden_load(const char *path, golden *g, char *err, size_t errlen)
                 goto done;
             }
             g->has_loss = true;
-        } else if (strcmp(tok, "grad") == 0) {
-            const char *name = next_tok(&t);
+        } else if (strcmp(tok, "grad") == 0 || strcmp(tok, "dir") == 0 ||
+                   strcmp(tok, "hvp") == 0) {
+            const char *kind = tok, *name = next_tok(&t);
             golden_input *in = NULL;
             for (int i = 0; name && i < g->ninputs; i++)
                 if (strcmp(g->in[i].name, name) == 0) in = &g->in[i];
-            if (!in || in->dtype != TG_F64 || in->grad) {
-                snprintf(err, errlen, "%s: grad for unknown, non-f64 or repeated input '%s'", path,
-                         name ? name : "(eof)");
+            double **slot = !in             ? NULL
+                            : kind[0] == 'g' ? &in->grad
+                            : kind[0] == 'd' ? &in->dir
+                                             : &in->hvp;
+            if (!in || in->dtype != TG_F64 || *slot) {
+                snprintf(err, errlen, "%s: %s for unknown, non-f64 or repeated input '%s'", path,
+                         kind, name ? name : "(eof)");
                 goto done;
             }
-            in->grad = malloc((size_t)(in->numel ? in->numel : 1) * sizeof(double));
-            if (!in->grad || !read_doubles(&t, in->grad, in->numel)) {
-                snprintf(err, errlen, "%s: grad %s: expected %lld values", path, name,
+            *slot = malloc((size_t)(in->numel ? in->numel : 1) * sizeof(double));
+            if (!*slot || !read_doubles(&t, *slot, in->numel)) {
+                snprintf(err, errlen, "%s: %s %s: expected %lld values", path, kind, name,
                          (long long)in->numel);
                 goto done;
             }
@@ -523,8 +577,10 @@ static bool golden_load(const char *path, golden *g, char *err, size_t errlen)
         goto done;
     }
     for (int i = 0; i < g->ninputs; i++) {
-        if (g->in[i].dtype == TG_F64 && !g->in[i].grad) {
-            snprintf(err, errlen, "%s: no grad for f64 input %s", path, g->in[i].name);
+        const golden_input *in = &g->in[i];
+        if (in->dtype == TG_F64 && (!in->grad || !in->dir || !in->hvp)) {
+            snprintf(err, errlen, "%s: f64 input %s lacks its %s line", path, in->name,
+                     !in->grad ? "grad" : !in->dir ? "dir" : "hvp");
             goto done;
         }
     }
@@ -583,6 +639,32 @@ static bool same_shape(const tg_tensor *t, const golden_input *in)
     return true;
 }
 
+/* Compares t (f64, in's shape) with want, naming it "<kind> <input>". */
+static void compare_tensor(const char *graph, const char *kind, tg_backend be, const tg_tensor *t,
+                           const golden_input *in, const double *want)
+{
+    char what[96];
+    snprintf(what, sizeof what, "%s %s", kind, in->name);
+    if (!t) return;
+    if (!same_shape(t, in) || tg_tensor_dtype(t) != TG_F64) {
+        char s1[64], s2[64];
+        cr_expect(false, "%s [%s]: %s has shape %s dtype %s, input %s", graph, tg_backend_name(be),
+                  what, tg_shape_str(tg_tensor_ndim(t), tg_tensor_shape(t), s1, sizeof s1),
+                  tg_dtype_name(tg_tensor_dtype(t)),
+                  tg_shape_str(in->ndim, in->shape, s2, sizeof s2));
+        return;
+    }
+    size_t nbytes = (size_t)(in->numel ? in->numel : 1) * sizeof(double);
+    double *buf = malloc(nbytes);
+    cr_expect(buf != NULL, "out of memory");
+    if (!buf) return;
+    tg_status st = tg_tensor_copy_out(t, buf, nbytes);
+    cr_expect_eq(st, TG_OK, "%s [%s]: copy_out(%s) = %s", graph, tg_backend_name(be), what,
+                 tg_strerror(st));
+    if (st == TG_OK) compare_values(graph, what, be, buf, want, in->numel);
+    free(buf);
+}
+
 /* Builds and differentiates graph def on backend be and compares with g.
  * Uses only non-fatal expectations so that everything is freed. */
 static void run_on_backend(const graph_def *def, const golden *g, tg_backend be)
@@ -631,31 +713,10 @@ static void run_on_backend(const graph_def *def, const golden *g, tg_backend be)
             for (int i = 0; st == TG_OK && i < g->ninputs; i++) {
                 const golden_input *in = &g->in[i];
                 if (in->dtype != TG_F64) continue;
-                char what[96];
-                snprintf(what, sizeof what, "grad %s", in->name);
                 tg_tensor *gr = tg_grad(leaves[i]);
                 cr_expect(gr != NULL, "%s [%s]: no gradient for %s: %s", def->name,
                           tg_backend_name(be), in->name, tg_last_error_message());
-                if (!gr) continue;
-                if (!same_shape(gr, in) || tg_tensor_dtype(gr) != TG_F64) {
-                    char s1[64], s2[64];
-                    cr_expect(false, "%s [%s]: %s has shape %s dtype %s, input %s", def->name,
-                              tg_backend_name(be), what,
-                              tg_shape_str(tg_tensor_ndim(gr), tg_tensor_shape(gr), s1, sizeof s1),
-                              tg_dtype_name(tg_tensor_dtype(gr)),
-                              tg_shape_str(in->ndim, in->shape, s2, sizeof s2));
-                    continue;
-                }
-                size_t nbytes = (size_t)(in->numel ? in->numel : 1) * sizeof(double);
-                double *buf = malloc(nbytes);
-                cr_expect(buf != NULL, "out of memory");
-                if (!buf) continue;
-                st = tg_tensor_copy_out(gr, buf, nbytes);
-                cr_expect_eq(st, TG_OK, "%s [%s]: copy_out(%s) = %s", def->name,
-                             tg_backend_name(be), what, tg_strerror(st));
-                if (st == TG_OK) compare_values(def->name, what, be, buf, in->grad, in->numel);
-                free(buf);
-                st = TG_OK;
+                compare_tensor(def->name, "grad", be, gr, in, in->grad);
             }
         }
         tg_status st = tg_scope_end();
@@ -666,6 +727,103 @@ static void run_on_backend(const graph_def *def, const golden *g, tg_backend be)
     tg_tape_free(tape);
     for (int i = 0; i < g->ninputs; i++)
         tg_tensor_release(leaves[i]);
+    tg_set_default_backend(prev);
+    tg_error_clear();
+}
+
+/* ---- Second order: the Hessian-vector product hvp = d<grad, dir>/dinputs
+ * against torch's, on the engine (tg_grad_of with create_graph on the
+ * caller's tape, then a second tg_grad_of) and through tg_hvp. */
+
+/* Leaves and the f64 ones among them, in file order. */
+typedef struct hvp_inputs {
+    const graph_def *def;
+    const golden *g;
+    tg_tensor *leaves[GOLDEN_MAX_INPUTS];
+    int nf, fpos[GOLDEN_MAX_INPUTS]; /* f64 inputs: count and file positions */
+    tg_tensor *dirs[GOLDEN_MAX_INPUTS];
+} hvp_inputs;
+
+/* tg_func for tg_hvp: x are the f64 inputs; the i64 ones come from ud. */
+static tg_tensor *hvp_fn(void *ud, int n, tg_tensor *const *x)
+{
+    hvp_inputs *h = ud;
+    tg_tensor *all[GOLDEN_MAX_INPUTS];
+    memcpy(all, h->leaves, sizeof all);
+    for (int k = 0; k < n; k++) all[h->fpos[k]] = x[k];
+    return h->def->build(all);
+}
+
+static void compare_hvps(const hvp_inputs *h, const char *kind, tg_backend be, tg_tensor **hv)
+{
+    for (int k = 0; k < h->nf; k++) {
+        const golden_input *in = &h->g->in[h->fpos[k]];
+        cr_expect(hv[k] != NULL, "%s [%s]: %s %s missing", h->def->name, tg_backend_name(be), kind,
+                  in->name);
+        compare_tensor(h->def->name, kind, be, hv[k], in, in->hvp);
+    }
+}
+
+static void hvp_on_backend(const graph_def *def, const golden *g, tg_backend be)
+{
+    tg_backend prev = tg_set_default_backend(be);
+    tg_error_clear();
+    tg_tape *tape = tg_tape_new(NULL);
+    cr_assert(tape != NULL, "%s [%s]: tg_tape_new: %s", def->name, tg_backend_name(be),
+              tg_last_error_message());
+    hvp_inputs h = {.def = def, .g = g};
+    bool ok = true;
+    for (int i = 0; ok && i < g->ninputs; i++) {
+        const golden_input *in = &g->in[i];
+        h.leaves[i] = tg_tensor_from_data(in->dtype, in->ndim, in->shape, in->data);
+        ok = h.leaves[i] != NULL;
+        if (ok && in->dtype == TG_F64) {
+            h.dirs[h.nf] = tg_tensor_from_data(TG_F64, in->ndim, in->shape, in->dir);
+            h.fpos[h.nf++] = i;
+            ok = h.dirs[h.nf - 1] && tg_requires_grad(tape, h.leaves[i]) == TG_OK;
+        }
+    }
+    cr_expect(ok, "%s [%s]: creating the inputs failed: %s", def->name, tg_backend_name(be),
+              tg_last_error_message());
+
+    tg_scope_begin();
+    tg_tensor *wrt[GOLDEN_MAX_INPUTS], *gr[GOLDEN_MAX_INPUTS] = {0}, *hv[GOLDEN_MAX_INPUTS] = {0};
+    for (int k = 0; k < h.nf; k++) wrt[k] = h.leaves[h.fpos[k]];
+    tg_tensor *loss = ok ? def->build(h.leaves) : NULL;
+    cr_expect(!ok || loss != NULL, "%s [%s]: building the graph failed: %s", def->name,
+              tg_backend_name(be), tg_last_error_message());
+    if (loss) {
+        const tg_grad_opts first = {.create_graph = true, .allow_unused = true};
+        tg_status st = tg_grad_of(1, &loss, NULL, h.nf, wrt, gr, &first);
+        cr_expect_eq(st, TG_OK, "%s [%s]: tg_grad_of(create_graph) = %s: %s", def->name,
+                     tg_backend_name(be), tg_strerror(st), tg_last_error_message());
+        tg_tensor *inner = NULL;
+        for (int k = 0; st == TG_OK && k < h.nf; k++) {
+            tg_tensor *term = tg_sum(tg_mul(gr[k], h.dirs[k]));
+            inner = inner ? tg_add(inner, term) : term;
+        }
+        const tg_grad_opts second = {.allow_unused = true};
+        if (st == TG_OK) st = tg_grad_of(1, &inner, NULL, h.nf, wrt, hv, &second);
+        cr_expect_eq(st, TG_OK, "%s [%s]: tg_grad_of of <grad, dir> = %s: %s", def->name,
+                     tg_backend_name(be), tg_strerror(st), tg_last_error_message());
+        if (st == TG_OK) compare_hvps(&h, "hvp (tg_grad_of)", be, hv);
+    }
+    if (ok) {
+        tg_tensor *y = NULL;
+        tg_status st = tg_hvp(hvp_fn, &h, h.nf, wrt, h.dirs, &y, hv);
+        cr_expect_eq(st, TG_OK, "%s [%s]: tg_hvp = %s: %s", def->name, tg_backend_name(be),
+                     tg_strerror(st), tg_last_error_message());
+        double lv = NAN;
+        if (st == TG_OK && tg_tensor_item(y, &lv) == TG_OK)
+            compare_values(def->name, "loss (tg_hvp)", be, &lv, &g->loss, 1);
+        if (st == TG_OK) compare_hvps(&h, "hvp (tg_hvp)", be, hv);
+    }
+    tg_status st = tg_scope_end();
+    cr_expect_eq(st, TG_OK, "%s [%s]: tg_scope_end = %s", def->name, tg_backend_name(be),
+                 tg_strerror(st));
+    tg_tape_free(tape);
+    for (int i = 0; i < g->ninputs; i++) tg_tensor_release(h.leaves[i]);
+    for (int k = 0; k < h.nf; k++) tg_tensor_release(h.dirs[k]);
     tg_set_default_backend(prev);
     tg_error_clear();
 }
@@ -687,6 +845,8 @@ static void run_graph(const graph_def *def)
     if (ok) {
         run_on_backend(def, &g, tg_default_backend());
         run_on_backend(def, &g, TG_BACKEND_REF);
+        hvp_on_backend(def, &g, tg_default_backend());
+        hvp_on_backend(def, &g, TG_BACKEND_REF);
     }
     golden_free(&g);
 }

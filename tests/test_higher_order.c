@@ -59,6 +59,50 @@ Test(higher_order, second_derivative_of_a_composite_matches_the_closed_form_unde
     }
 }
 
+/* Regression (found by the torch HVP goldens): x's gradient gets an
+ * untracked constant, contiguous and held by the sweep alone, from sum(3 x)
+ * first (recorded last, swept first), then a tracked 2 x c from the product.
+ * The in-place accumulation must not absorb the tracked one into the
+ * constant: d/dx <grad, v> = 2 c v, not 0. Under every policy, through
+ * tg_grad_of and through tg_backward_ex's leaf gradient. */
+Test(higher_order, a_tracked_contribution_added_to_a_constant_gradient_stays_tracked)
+{
+    const double xs[3] = {0.5, -1.0, 2.0}, cs[3] = {1.5, 2.0, -0.5}, vs[3] = {1.0, -2.0, 0.25};
+    for (int p = 0; p < 4; p++) {
+        for (int leafpath = 0; leafpath < 2; leafpath++) {
+            tg_tape *tape = tg_tape_new(&policies[p]);
+            tg_tensor *x = T64((3), 0.5, -1.0, 2.0), *c = T64((3), 1.5, 2.0, -0.5);
+            tg_tensor *v = T64((3), 1.0, -2.0, 0.25);
+            cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+            tg_tensor *a = tg_sum(tg_mul(tg_mul(x, x), c));
+            tg_tensor *b = tg_sum(tg_mul_scalar(x, 3.0));
+            tg_tensor *y = tg_add(a, b), *g = NULL, *h = NULL;
+            tg_grad_opts o = {.create_graph = true};
+            if (leafpath) {
+                cr_assert_eq(tg_backward_ex(y, NULL, &o), TG_OK, "%s", tg_last_error_message());
+                g = tg_grad(x);
+            } else {
+                cr_assert_eq(tg_grad_of(1, &y, NULL, 1, &x, &g, &o), TG_OK, "%s",
+                             tg_last_error_message());
+            }
+            cr_assert(g && tg_tensor_requires_grad(g), "policy %d path %d: untracked gradient", p,
+                      leafpath);
+            tg_tensor *s = tg_sum(tg_mul(g, v));
+            cr_assert_eq(tg_grad_of(1, &s, NULL, 1, &x, &h, NULL), TG_OK, "%s",
+                         tg_last_error_message());
+            double *gv = tu_values(g), *hv = tu_values(h);
+            for (int i = 0; i < 3; i++) {
+                cr_expect_float_eq(gv[i], 2 * xs[i] * cs[i] + 3, 1e-15, "policy %d grad[%d]", p,
+                                   i);
+                cr_expect_float_eq(hv[i], 2 * cs[i] * vs[i], 1e-15, "policy %d hvp[%d]", p, i);
+            }
+            free(gv);
+            free(hv);
+            tg_tape_free(tape);
+        }
+    }
+}
+
 Test(higher_order, third_derivative_by_three_sweeps)
 {
     /* f = sum(x^4 / 4): f''' = 6 x */

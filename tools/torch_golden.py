@@ -6,7 +6,10 @@ Usage: /usr/bin/python3 tools/torch_golden.py [OUTDIR]   (default tests/golden)
 Every graph below is built in float64 with torch from inputs drawn with a
 fixed seed (torch.manual_seed, one seed per graph derived from its name, so
 adding or reordering graphs leaves the others unchanged). Each graph ends in
-a scalar loss; torch's autograd gives the gradient of every f64 input. One
+a scalar loss; torch's autograd gives the gradient of every f64 input and a
+Hessian-vector product: with create_graph=True the gradient g is itself
+differentiated, hvp = d<g, v>/dinputs for a direction v (one random tensor per
+f64 input, drawn after the inputs, so the inputs do not depend on it). One
 text file per graph, <name>.txt, is written into OUTDIR:
 
     graph <name>
@@ -17,6 +20,12 @@ text file per graph, <name>.txt, is written into OUTDIR:
     grad <input name>
     <values on one line>
     ... one grad per f64 input, in input order ...
+    dir <input name>
+    <values on one line>
+    ... one direction per f64 input ...
+    hvp <input name>
+    <values on one line>
+    ... one Hessian-vector product per f64 input ...
 
 Doubles are written with repr(), the shortest string that round-trips.
 Only ops that tapegrad has (include/tapegrad/ops.h), with its semantics, are
@@ -254,6 +263,52 @@ G("expand_sum_to",
   lambda x, y: ((x.expand(2, 3, 4) * y).sum_to_size(3, 1) ** 2.0).sum())
 
 
+# 35. MLP with tanh and a softmax/cross-entropy head (second order through
+# the cross-entropy's softmax and both tanh layers).
+G("mlp_tanh_cross_entropy",
+  lambda: [("x", randn(6, 4)), ("W1", randn(4, 5, scale=0.5)),
+           ("b1", randn(5, scale=0.1)), ("W2", randn(5, 5, scale=0.5)),
+           ("b2", randn(5, scale=0.1)), ("W3", randn(5, 3, scale=0.5)),
+           ("target", targets(6, 3))],
+  lambda x, W1, b1, W2, b2, W3, t:
+      F.cross_entropy(torch.tanh(torch.tanh(x @ W1 + b1) @ W2 + b2) @ W3, t))
+
+# 36. One head of scaled dot-product self-attention with a residual, a
+# layer norm and a weighted readout.
+G("attention_head",
+  lambda: [("x", randn(4, 6)), ("Wq", randn(6, 3, scale=0.5)),
+           ("Wk", randn(6, 3, scale=0.5)), ("Wv", randn(6, 3, scale=0.5)),
+           ("Wo", randn(3, 6, scale=0.5)), ("gamma", positive(6)),
+           ("beta", randn(6, scale=0.1)), ("w", randn(4, 6))],
+  lambda x, Wq, Wk, Wv, Wo, gamma, beta, w: (F.layer_norm(
+      x + (torch.softmax((x @ Wq) @ (x @ Wk).transpose(0, 1) * (3 ** -0.5), -1)
+           @ (x @ Wv)) @ Wo, (6,), gamma, beta, 1e-5) * w).sum())
+
+# 37. An Elman RNN unrolled three steps, h = tanh(x_t Wx + h Wh + b) from
+# h0, read out by cross-entropy at the last step.
+def _rnn(x, h0, Wx, Wh, b, Wo, t):
+    h = h0
+    for step in range(x.shape[0]):
+        xt = x.narrow(0, step, 1).reshape(x.shape[1], x.shape[2])
+        h = torch.tanh(xt @ Wx + h @ Wh + b)
+    return F.cross_entropy(h @ Wo, t)
+
+
+G("rnn_unrolled",
+  lambda: [("x", randn(3, 4, 3)), ("h0", randn(4, 5, scale=0.5)),
+           ("Wx", randn(3, 5, scale=0.5)), ("Wh", randn(5, 5, scale=0.4)),
+           ("b", randn(5, scale=0.1)), ("Wo", randn(5, 3, scale=0.5)),
+           ("target", targets(4, 3))],
+  _rnn)
+
+# 38. Smooth pointwise maps in a chain (gelu, silu, softplus, sin, cos):
+# each one's second derivative enters the HVP.
+G("smooth_maps_chain",
+  lambda: [("x", randn(3, 5)), ("y", randn(3, 5))],
+  lambda x, y: (F.gelu(x) * F.silu(y) + F.softplus(x * y)
+                + torch.sin(x) * torch.cos(y)).sum())
+
+
 # ---- writing
 
 def fmt_values(t):
@@ -282,7 +337,13 @@ def run_graph(name, make_inputs, loss_fn):
         tensors.append(t)
     loss = loss_fn(*tensors)
     assert loss.dim() == 0 and loss.dtype == DT, name
-    loss.backward()
+    wrt = [t for t in tensors if t.dtype == DT]
+    grads = torch.autograd.grad(loss, wrt, create_graph=True)
+    dirs = [randn(*t.shape) for t in wrt]
+    inner = sum((g * v).sum() for g, v in zip(grads, dirs))
+    hvps = torch.autograd.grad(inner, wrt, allow_unused=True) \
+        if inner.requires_grad else [None] * len(wrt)
+    hvps = [torch.zeros_like(t) if h is None else h for t, h in zip(wrt, hvps)]
     lines = ["graph " + name]
     for (iname, _), t in zip(inputs, tensors):
         lines.append("input %s %s %d%s" % (
@@ -290,11 +351,11 @@ def run_graph(name, make_inputs, loss_fn):
             "".join(" %d" % s for s in t.shape)))
         lines.append(fmt_values(t))
     lines.append("loss " + repr(float(loss.item())))
-    for (iname, _), t in zip(inputs, tensors):
-        if t.dtype == DT:
-            assert t.grad is not None, (name, iname)
-            lines.append("grad " + iname)
-            lines.append(fmt_values(t.grad))
+    f64_names = [iname for (iname, _), t in zip(inputs, tensors) if t.dtype == DT]
+    for tag, values in (("grad", grads), ("dir", dirs), ("hvp", hvps)):
+        for iname, t in zip(f64_names, values):
+            lines.append(tag + " " + iname)
+            lines.append(fmt_values(t))
     return "\n".join(lines) + "\n"
 
 

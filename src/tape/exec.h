@@ -25,8 +25,10 @@ static inline unsigned tg__node_needs(const tg_node *n)
 }
 
 /* When the sweep holds the only reference to dst and to its storage (not
- * a view of another gradient, not a tensor anyone else can see, not
- * recorded on a tape), the sum is written into dst itself: the add kernel
+ * a view of another gradient, not a tensor anyone else can see, neither
+ * it nor src recorded on a tape: under create_graph an untracked first
+ * contribution, a constant, must not absorb a tracked one), the sum is
+ * written into dst itself: the add kernel
  * with the same operands in the same order, so the same bits, without a
  * new buffer per contribution (a weight used at every step of an RNN gets
  * one per step). Kernels read contiguous operands only, so src must be
@@ -34,7 +36,8 @@ static inline unsigned tg__node_needs(const tg_node *n)
 static inline bool tg__sole_holder(const tg_tensor *t, const tg_tensor *src)
 {
     return t->refcount == 1 && t->storage->refcount == 1 && t->contiguous && src->contiguous &&
-           !t->scope_owned && !t->tape && t != src && t->storage != src->storage &&
+           !t->scope_owned && !t->tape && !src->tape && t != src &&
+           t->storage != src->storage &&
            t->dtype == src->dtype && t->backend == src->backend &&
            tg__same_shape(t->ndim, t->shape, src->ndim, src->shape);
 }
