@@ -207,6 +207,8 @@ Test(tensor, shape_str_formats_brackets_and_commas)
     char buf[64];
     cr_assert_str_eq(tg_shape_str(3, SHAPE(2, 3, 4), buf, sizeof buf), "[2,3,4]");
     cr_assert_str_eq(tg_shape_str(0, NULL, buf, sizeof buf), "[]");
+    /* issue 15: a rank with a NULL shape is named, not dereferenced */
+    cr_assert_str_eq(tg_shape_str(2, NULL, buf, 16), "[?]");
 }
 
 /* ---- the seeded generator */

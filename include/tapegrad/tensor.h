@@ -92,7 +92,9 @@ tg_status tg_tensor_copy_out(const tg_tensor *t, void *dst, size_t nbytes);
 tg_status tg_tensor_item(const tg_tensor *t, double *out);
 /* Element at flat row-major index i, converted to double (for tests/tools). */
 tg_status tg_tensor_get(const tg_tensor *t, int64_t i, double *out);
-/* Formats the shape as "[2,3]" into buf; returns buf. */
+/* Formats the shape as "[2,3]" into buf (truncated to len - 1 chars);
+ * returns buf. ndim <= 0 gives "[]"; shape NULL with ndim > 0 gives "[?]";
+ * buf NULL or len 0 writes nothing. */
 char *tg_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
 
 /* ---- Lifetimes. Tensors are reference counted; the retain/release pair is

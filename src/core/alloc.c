@@ -22,7 +22,7 @@
 
 #define TG_CACHE_MIN ((size_t)64 << 10)
 /* Under AddressSanitizer a reused buffer would hide a use after free. */
-#if defined(__SANITIZE_ADDRESS__)
+#if TG_ASAN
 #define TG_CACHE_SLOTS 0
 #else
 /* A training step of the 16-layer benchmark frees more than 64 large buffers;

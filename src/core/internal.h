@@ -25,6 +25,21 @@
 #define TG_ALWAYS_INLINE inline
 #endif
 
+/* 1 when built with AddressSanitizer: GCC defines __SANITIZE_ADDRESS__,
+ * clang answers __has_feature(address_sanitizer). The memory caches
+ * (tensor headers, large buffers) are off then, so that ASan sees every
+ * free and a use after free is reported, not hidden by a reused block. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TG_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TG_ASAN 1
+#endif
+#endif
+#ifndef TG_ASAN
+#define TG_ASAN 0
+#endif
+
 /* Data of one or more tensors (views share it). */
 typedef struct tg_storage {
     /* Atomic: a pointwise region's blocks on the pool's threads make views

@@ -53,6 +53,10 @@ char *tg_shape_str(int ndim, const int64_t *shape, char *buf, size_t len)
     size_t used = 0;
     if (!buf || len == 0) return buf;
     buf[0] = '\0';
+    if (ndim > 0 && !shape) {
+        snprintf(buf, len, "[?]"); /* a rank without dims: say so, never read NULL */
+        return buf;
+    }
     used += (size_t)snprintf(buf + used, len - used, "[");
     for (int i = 0; i < ndim && used < len; i++)
         used += (size_t)snprintf(buf + used, len - used, i ? ",%lld" : "%lld", (long long)shape[i]);
@@ -88,7 +92,7 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
 /* Freed headers are kept per thread for reuse: a tape records and frees a
  * few headers per op, and this skips the allocator for them. Off under
  * AddressSanitizer, which must see every free. */
-#if defined(__SANITIZE_ADDRESS__)
+#if TG_ASAN
 #define HEADER_CACHE 0
 #else
 #define HEADER_CACHE 256
