@@ -84,7 +84,9 @@
     X(CHANNEL_SUM)        /* tg_channel_sum_fn */                                  \
     /* unary */                                                                    \
     X(SIN) X(COS)         /* tg_unary_fn */                                        \
-    X(SIN_GRAD) X(COS_GRAD) /* tg_grad_fn, s = x */
+    X(SIN_GRAD) X(COS_GRAD) /* tg_grad_fn, s = x */                                \
+    /* unary: tg_gradgrad_fn, gs = gg * gy * d f'(s) / ds, s as for _GRAD */       \
+    X(EXP_GG) X(LOG_GG) X(SQRT_GG) X(TANH_GG) X(SIGMOID_GG) X(POW_GG)
 
 typedef enum tg_kernel_id {
 #define TG__KID(name) TG_K_##name,
@@ -103,6 +105,10 @@ typedef void (*tg_grad_fn)(int64_t n, const void *s, const void *gy, void *gx, d
 typedef void (*tg_unary2_fn)(int64_t n, const void *x, void *y, double p, double q);
 typedef void (*tg_grad2_fn)(int64_t n, const void *s, const void *gy, void *gx, double p,
                             double q);
+/* The fused gradient's derivative in s: gs = gg * gy * d f'(s) / ds (gg the
+ * gradient of gx). out may alias an input. */
+typedef void (*tg_gradgrad_fn)(int64_t n, const void *s, const void *gy, const void *gg,
+                               void *gs, double p);
 
 /* ---- binary (binary.c) ----------------------------------------------------- */
 

@@ -59,9 +59,10 @@ typedef struct {
     tg_binary_fn bf;
     tg_unary2_fn uf2;
     tg_grad2_fn gf2;
+    tg_gradgrad_fn ggf;
     const tg_bcast *bc;
     int64_t n;
-    const char *a, *b;
+    const char *a, *b, *c;
     char *out;
     double p, q;
     size_t es;
@@ -84,6 +85,16 @@ static void grad_part(void *ctx, int part, int nparts)
     if (len && j->gf) j->gf(len, j->a + lo * j->es, j->b + lo * j->es, j->out + lo * j->es, j->p);
     if (len && j->gf2)
         j->gf2(len, j->a + lo * j->es, j->b + lo * j->es, j->out + lo * j->es, j->p, j->q);
+}
+
+static void gradgrad_part(void *ctx, int part, int nparts)
+{
+    job_args *j = ctx;
+    int64_t lo, len;
+    range(j->n, part, nparts, &lo, &len);
+    if (len)
+        j->ggf(len, j->a + lo * j->es, j->b + lo * j->es, j->c + lo * j->es,
+               j->out + lo * j->es, j->p);
 }
 
 /* Same-shape or scalar-b binaries split by index; row broadcasts by whole
@@ -158,6 +169,18 @@ void tg__run_grad2(tg_grad2_fn f, int64_t n, const void *s, const void *gy, void
     }
     job_args j = {.gf2 = f, .n = n, .a = s, .b = gy, .out = gx, .p = p, .q = q, .es = es};
     tg__pool_run(grad_part, &j, parts);
+}
+
+void tg__run_gradgrad(tg_gradgrad_fn f, int64_t n, const void *s, const void *gy, const void *gg,
+                      void *gs, double p, size_t es, bool heavy)
+{
+    int parts = parts_for(n, es, heavy);
+    if (parts == 1) {
+        f(n, s, gy, gg, gs, p);
+        return;
+    }
+    job_args j = {.ggf = f, .n = n, .a = s, .b = gy, .c = gg, .out = gs, .p = p, .es = es};
+    tg__pool_run(gradgrad_part, &j, parts);
 }
 
 void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b, void *out,

@@ -16,6 +16,9 @@ TG_INTERNAL void tg__run_unary2(tg_unary2_fn f, int64_t n, const void *x, void *
                                 double q, size_t es, bool heavy);
 TG_INTERNAL void tg__run_grad2(tg_grad2_fn f, int64_t n, const void *s, const void *gy, void *gx,
                                double p, double q, size_t es, bool heavy);
+/* gs = gg * gy * f''(s), all contiguous, of one dtype and length n. */
+TG_INTERNAL void tg__run_gradgrad(tg_gradgrad_fn f, int64_t n, const void *s, const void *gy,
+                                  const void *gg, void *gs, double p, size_t es, bool heavy);
 TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b,
                                 void *out, size_t es);
 /* Fills the kernel description for out = a op b, out of spec out (the

@@ -29,6 +29,7 @@ typedef tg_tensor *(*second_fn)(tg_tensor *s, const tg_op_attrs *a);
 
 typedef struct unary_def {
     tg_kernel_id kid, gkid; /* the map's kernel, its fused gradient kernel */
+    tg_kernel_id ggkid;     /* gy * f''(s) times gg in one pass (0: none, f2 only) */
     bool two;               /* a second parameter q (tg_unary2_fn, tg_grad2_fn) */
     bool heavy, gheavy;     /* the kernel / gradient kernel computes more than it streams */
     bool from_output;       /* the gradient kernel reads y (else x) */
@@ -126,12 +127,33 @@ static tg_tensor *grad_fwd(tg_op_ctx *ctx, tg_tensor *const *in, const unary_def
     return gx;
 }
 
+/* s, gy and gg contiguous, of one dtype, backend and shape, none recording. */
+static bool fused_gg_fits(const tg_tensor *s, const tg_tensor *gy, const tg_tensor *gg)
+{
+    if (!s || !gy || !gg || tg__records(s) || tg__records(gy) || tg__records(gg)) return false;
+    const tg_tensor *t[2] = {gy, gg};
+    for (int i = 0; i < 2; i++)
+        if (!t[i]->contiguous || t[i]->dtype != s->dtype || t[i]->backend != s->backend ||
+            !tg__same_shape(s->ndim, s->shape, t[i]->ndim, t[i]->shape))
+            return false;
+    return s->contiguous;
+}
+
 /* d gx / d gy = f'(s) (the op again); d gx / d s = gy f''(s). */
 static tg_status grad_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin, const tg_op *self,
                           const unary_def *d)
 {
     tg_tensor *s = tg_op_ctx_input(ctx, 0), *gy = tg_op_ctx_input(ctx, 1);
-    if (tg_op_ctx_needs_grad(ctx, 0)) {
+    if (tg_op_ctx_needs_grad(ctx, 0) && d->ggkid && fused_gg_fits(s, gy, gg)) {
+        /* What the composite below records, in one pass when nothing
+         * records (a second sweep that is not itself create_graph). */
+        gin[0] = tg__tensor_empty(s->dtype, s->ndim, s->shape, s->backend);
+        if (!gin[0]) return tg_last_error();
+        tg__run_gradgrad(TG_KERNEL(tg_gradgrad_fn, d->ggkid, s), s->numel, tg__tensor_ptr(s),
+                         tg__tensor_ptr(gy), tg__tensor_ptr(gg), tg__tensor_ptr(gin[0]),
+                         ctx->attrs->scalar, tg__esize(s->dtype), d->gheavy);
+        gin[0] = tg__scope_track(gin[0]);
+    } else if (tg_op_ctx_needs_grad(ctx, 0)) {
         gin[0] = d->f2 ? tg_mul(tg_mul(gg, gy), d->f2(s, ctx->attrs))
                        : tg__full(tg_op_ctx_input_spec(ctx, 0), ctx->backend, 0.0);
         if (!gin[0]) return tg_last_error();
@@ -303,22 +325,22 @@ static tg_tensor *cos_f2(tg_tensor *x, const tg_op_attrs *a)
 
 UNARY_MAP(exp, exp, TG_SAVE_OUTPUT,
           "y = e^x", "gx = gy * y (y = e^x)", .kid = TG_K_EXP,
-          .gkid = TG_K_EXP_GRAD, .heavy = true, .from_output = true, .f2 = exp_f2, .lo = -2.0,
+          .gkid = TG_K_EXP_GRAD, .ggkid = TG_K_EXP_GG, .heavy = true, .from_output = true, .f2 = exp_f2, .lo = -2.0,
           .hi = 2.0, .s_lo = 0.1, .s_hi = 3.0)
 UNARY_MAP(log, log, TG_SAVE_INPUT(0),
-          "y = ln x", "gx = gy / x", .kid = TG_K_LOG, .gkid = TG_K_LOG_GRAD,
+          "y = ln x", "gx = gy / x", .kid = TG_K_LOG, .gkid = TG_K_LOG_GRAD, .ggkid = TG_K_LOG_GG,
           .heavy = true, .f2 = log_f2, .lo = 0.2, .hi = 3.0)
 UNARY_MAP(sqrt, sqrt, TG_SAVE_OUTPUT,
           "y = sqrt x", "gx = gy / (2 y)", .kid = TG_K_SQRT,
-          .gkid = TG_K_SQRT_GRAD, .from_output = true, .f2 = sqrt_f2, .lo = 0.2, .hi = 3.0,
+          .gkid = TG_K_SQRT_GRAD, .ggkid = TG_K_SQRT_GG, .from_output = true, .f2 = sqrt_f2, .lo = 0.2, .hi = 3.0,
           .s_lo = 0.2, .s_hi = 3.0)
 UNARY_MAP(tanh, tanh, TG_SAVE_OUTPUT,
           "y = tanh x", "gx = gy * (1 - y^2)", .kid = TG_K_TANH,
-          .gkid = TG_K_TANH_GRAD, .heavy = true, .from_output = true, .f2 = tanh_f2, .lo = -2.0,
+          .gkid = TG_K_TANH_GRAD, .ggkid = TG_K_TANH_GG, .heavy = true, .from_output = true, .f2 = tanh_f2, .lo = -2.0,
           .hi = 2.0, .s_lo = -0.95, .s_hi = 0.95)
 UNARY_MAP(sigmoid, sigmoid, TG_SAVE_OUTPUT,
           "y = 1 / (1 + e^-x)", "gx = gy * y * (1 - y)",
-          .kid = TG_K_SIGMOID, .gkid = TG_K_SIGMOID_GRAD, .heavy = true, .from_output = true,
+          .kid = TG_K_SIGMOID, .gkid = TG_K_SIGMOID_GRAD, .ggkid = TG_K_SIGMOID_GG, .heavy = true, .from_output = true,
           .f2 = sigmoid_f2, .lo = -3.0, .hi = 3.0, .s_lo = 0.05, .s_hi = 0.95)
 UNARY_MAP(relu, relu, TG_SAVE_INPUT(0),
           "y = max(0, x)", "gx = gy * [x > 0]", .kid = TG_K_RELU,
@@ -326,7 +348,7 @@ UNARY_MAP(relu, relu, TG_SAVE_INPUT(0),
 /* pow: bases sampled positive so any p works. */
 UNARY_MAP(pow, pow_scalar, TG_SAVE_INPUT(0),
           "y = x^p", "gx = gy * p * x^(p-1)", .kid = TG_K_POW,
-          .gkid = TG_K_POW_GRAD, .heavy = true, .gheavy = true, .f2 = pow_f2, .lo = 0.3,
+          .gkid = TG_K_POW_GRAD, .ggkid = TG_K_POW_GG, .heavy = true, .gheavy = true, .f2 = pow_f2, .lo = 0.3,
           .hi = 2.0, .nparams = 1, .p = {2.0, 3.0, -1.5, 0.5})
 UNARY_MAP(abs, abs, TG_SAVE_INPUT(0),
           "y = |x|", "gx = gy * sign(x)", .kid = TG_K_ABS, .gkid = TG_K_ABS_GRAD,

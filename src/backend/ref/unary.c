@@ -33,6 +33,20 @@
         }                                                                          \
     }
 
+#define DEF_GG(name, T, expr)                                                      \
+    static void name(int64_t n, const void *sv, const void *gyv, const void *ggv, void *gsv, \
+                     double p)                                                     \
+    {                                                                              \
+        const T *s = sv, *gy = gyv, *gg = ggv;                                     \
+        T *gs = gsv;                                                               \
+        (void)p;                                                                   \
+        for (int64_t i = 0; i < n; i++) {                                          \
+            T v = s[i], g = gg[i] * gy[i];                                         \
+            (void)v;                                                               \
+            gs[i] = (T)(expr);                                                     \
+        }                                                                          \
+    }
+
 #define DEF_UNARY2(name, T, expr)                                                  \
     static void name(int64_t n, const void *xv, void *yv, double p, double q)      \
     {                                                                              \
@@ -72,7 +86,13 @@
     DEF_GRAD(tanh_grad_##SFX, T, g * ((T)1 - v * v)) /* s = y */                   \
     DEF_GRAD(sigmoid_grad_##SFX, T, g * v * ((T)1 - v)) /* s = y */                \
     DEF_GRAD(relu_grad_##SFX, T, v > 0 ? g : (T)0) /* s = x */                     \
-    DEF_GRAD(pow_grad_##SFX, T, g * (T)p * POWF(v, (T)p - (T)1)) /* s = x */
+    DEF_GRAD(pow_grad_##SFX, T, g * (T)p * POWF(v, (T)p - (T)1)) /* s = x */      \
+    DEF_GG(exp_gg_##SFX, T, g)                           /* f' = y */              \
+    DEF_GG(log_gg_##SFX, T, -g / (v * v))                /* f' = 1/x */            \
+    DEF_GG(sqrt_gg_##SFX, T, g * (T)-0.5 / (v * v))      /* f' = 1/(2y) */         \
+    DEF_GG(tanh_gg_##SFX, T, g * (T)-2 * v)              /* f' = 1 - y^2 */        \
+    DEF_GG(sigmoid_gg_##SFX, T, g * ((T)1 - (T)2 * v))   /* f' = y (1 - y) */      \
+    DEF_GG(pow_gg_##SFX, T, g * (T)(p * (p - 1)) * POWF(v, (T)p - (T)2)) /* f' = p x^(p-1) */
 
 UNARY_SET(float, f32, expf, logf, sqrtf, tanhf, powf)
 UNARY_SET(double, f64, exp, log, sqrt, tanh, pow)
@@ -140,5 +160,7 @@ void tg__ref_unary_register(void)
     SET2(CLAMP, clamp) SET2(SOFTPLUS, softplus) SET2(CLAMP_GRAD, clamp_grad)
     SET2(SOFTPLUS_GRAD, softplus_grad)
     SET2(SIN, sin) SET2(COS, cos) SET2(SIN_GRAD, sin_grad) SET2(COS_GRAD, cos_grad)
+    SET2(EXP_GG, exp_gg) SET2(LOG_GG, log_gg) SET2(SQRT_GG, sqrt_gg) SET2(TANH_GG, tanh_gg)
+    SET2(SIGMOID_GG, sigmoid_gg) SET2(POW_GG, pow_gg)
 #undef SET2
 }
