@@ -101,6 +101,18 @@ static void progress(bool tty, int64_t epoch, int64_t epochs, int64_t b, int64_t
     fflush(stdout);
 }
 
+/* Every trainable value of ps is finite (the model trains in f32). */
+static bool params_finite(tg_params *ps)
+{
+    tg_tensor *flat = tg_params_flat(ps, TG_F32);
+    if (!flat) return false;
+    const float *v = tg_tensor_data_ro(flat);
+    bool ok = v != NULL;
+    for (int64_t i = 0; ok && i < tg_tensor_numel(flat); i++) ok = isfinite(v[i]);
+    tg_tensor_release(flat);
+    return ok;
+}
+
 static int parse(int argc, char **argv, train_opts *o)
 {
     static const char *const cmd = "train";
@@ -199,11 +211,23 @@ int cli_train(int argc, char **argv)
             tg_optim_zero_grad(opt);
             tg_tensor *logits = mlp_forward(&m, x);
             tg_tensor *loss = tg_cross_entropy(logits, y);
-            double lv;
-            if (!loss || tg_backward(loss) || tg_optim_step(opt) || tg_tensor_item(loss, &lv)) {
+            double lv = 0;
+            if (!loss || tg_tensor_item(loss, &lv) ||
+                (isfinite(lv) && (tg_backward(loss) || tg_optim_step(opt)))) {
                 tg_scope_end();
                 tg_scope_end();
                 cli_lib_error("train", "training step");
+                goto out;
+            }
+            if (!isfinite(lv)) {
+                /* Stop before the step: the model is left as the last
+                 * finite step made it, and nothing is saved. */
+                tg_scope_end();
+                tg_scope_end();
+                if (tty) printf("\n");
+                fprintf(stderr, "tapegrad train: the loss is %s at epoch %lld, step %lld (learning "
+                                "rate %g too high, or non-finite data?); stopped, nothing saved\n",
+                        isnan(lv) ? "NaN" : "infinite", (long long)e, (long long)b + 1, o.lr);
                 goto out;
             }
             int64_t bsz = tg_tensor_dim(y, 0);
@@ -233,6 +257,11 @@ int cli_train(int argc, char **argv)
     printf("test accuracy %.4f (%lld samples); trained in %.3f s, %.3f ms/step (%lld steps)\n",
            acc1, (long long)tg_dataset_size(test), secs, 1e3 * secs / (double)steps,
            (long long)steps);
+    if (!params_finite(m.ps)) {
+        fprintf(stderr, "tapegrad train: the trained parameters hold NaN or infinity; not saving "
+                        "%s\n", o.save);
+        goto out;
+    }
     if (tg_params_save(m.ps, opt, o.save)) {
         cli_lib_error("train", "saving the parameters");
         goto out;

@@ -29,7 +29,9 @@
     X(ERR_EXTRA, "unexpected extra entry")                                    \
     X(ERR_PARSE, "malformed text data")                                       \
     X(ERR_BUDGET, "tape memory budget exceeded")                              \
-    X(ERR_INTERNAL, "internal error")
+    X(ERR_INTERNAL, "internal error")                                        \
+    X(ERR_MODIFIED, "a value backward reads was modified after it was recorded") \
+    X(ERR_NONFINITE, "NaN or infinity produced (anomaly mode)")
 
 typedef enum tg_status {
 #define TG__STATUS_ENUM(name, str) TG_##name,

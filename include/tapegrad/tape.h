@@ -26,6 +26,8 @@ typedef struct tg_tape_opts {
      * TG_OP_POINTWISE ops over large tensors are otherwise differentiated
      * 64 KiB at a time; the gradients are bitwise the same either way). */
     bool plain_backward;
+    /* Anomaly mode from the start (tg_tape_set_anomaly). */
+    bool anomaly;
 } tg_tape_opts;
 
 /* New empty tape (NULL opts: defaults). Free with tg_tape_free. */
@@ -107,6 +109,32 @@ tg_status tg_tape_profile_enable(tg_tape *tape, bool on);
  * returns the number of rows there are. */
 int tg_tape_profile_rows(const tg_tape *tape, tg_profile_row *rows, int cap);
 void tg_tape_profile_clear(tg_tape *tape);
+/* ---- Debugging (docs/debugging.md) */
+
+/* Labels: the nodes recorded between tg_tape_label_push(tape, name) and the
+ * matching pop carry the label path, the open names joined by '/'
+ * ("encoder/layer2"). Errors from backward (TG_ERR_MODIFIED), anomaly mode
+ * (TG_ERR_NONFINITE) and the DOT export name it. name: 1 to 63 bytes, no
+ * '/' (TG_ERR_INVALID); at most 32 open (TG_ERR_INVALID). Labels stay open
+ * across tg_tape_reset. Cost: one int per node. */
+tg_status tg_tape_label_push(tg_tape *tape, const char *name);
+/* Closes the innermost label: TG_ERR_SCOPE if none is open. */
+tg_status tg_tape_label_pop(tg_tape *tape);
+/* The current label path (borrowed, valid until the next push or pop on
+ * this tape), NULL when none is open. */
+const char *tg_tape_label(const tg_tape *tape);
+
+/* Anomaly mode, off by default: while on, every op the tape records has its
+ * output checked for NaN and infinity before it is recorded, and every
+ * gradient the sweep produces after each node's backward. The first one
+ * found fails the call with TG_ERR_NONFINITE, naming the op, its node
+ * index, the input shapes and the label (for backward, the op whose
+ * backward produced it); the op records nothing, the sweep changes no leaf
+ * gradient, the tape stays usable. Backward runs on whole tensors then (no
+ * pointwise blocks). Costs one pass over each output and gradient. */
+tg_status tg_tape_set_anomaly(tg_tape *tape, bool on);
+bool tg_tape_anomaly(const tg_tape *tape);
+
 /* Writes the current record as Graphviz DOT to path: one box per node (op,
  * output dtype and shape, bytes saved; recompute nodes dashed), leaves and
  * untracked inputs as their own nodes. TG_ERR_IO if it cannot write. */

@@ -83,8 +83,16 @@ tg_backend tg_tensor_backend(const tg_tensor *t);
 bool tg_tensor_is_contiguous(const tg_tensor *t);
 /* Pointer to the first element of a contiguous tensor, for custom kernels;
  * NULL (TG_ERR_INVALID) if t is not contiguous. Writes through it change
- * every view sharing the storage. */
+ * every view sharing the storage. Each call counts as a write: it bumps
+ * the storage's version, so a tape that kept this value for backward fails
+ * that backward with TG_ERR_MODIFIED (docs/debugging.md). Read through
+ * tg_tensor_data_ro. */
 void *tg_tensor_data(tg_tensor *t);
+/* The same pointer, read-only: no version bump. */
+const void *tg_tensor_data_ro(const tg_tensor *t);
+/* The version of t's storage: how many times the API wrote into it
+ * (tg_tensor_data, initialisers, optimizer steps, parameter loads). */
+uint32_t tg_tensor_version(const tg_tensor *t);
 /* Copy all elements, row-major, into dst (capacity nbytes). Fails with
  * TG_ERR_INVALID if nbytes < numel * dtype size. Works for any layout. */
 tg_status tg_tensor_copy_out(const tg_tensor *t, void *dst, size_t nbytes);

@@ -47,6 +47,9 @@ typedef struct tg_storage {
     _Atomic int32_t refcount;
     tg_backend backend;
     bool inline_data;  /* data lives in the owner's small buffer, not the allocator */
+    /* Bumped by every write path the user reaches (tg__tensor_written);
+     * the tape compares it with what it recorded (versions). */
+    uint32_t version;
     size_t nbytes;
     void *data;
     void *block;       /* freed when the storage dies: the tensor that embeds it */
@@ -86,6 +89,16 @@ struct tg_tensor {
     tg_storage own_storage;
     _Alignas(16) unsigned char small[TG_SMALL_BYTES];
 };
+
+/* Writes through the API since the process started (any thread, any
+ * tensor): a tape whose record saw no write since its first node skips
+ * the version checks (tensor.c). */
+TG_INTERNAL extern _Atomic uint64_t tg__writes;
+/* t's elements are about to be written (or were) through a path the user
+ * reaches: the mutable data accessor, initialisers, optimizer steps,
+ * parameter loads. Bumps the storage's version and, when t is a live
+ * recorded result, marks its node (tg__tape_note_write). */
+TG_INTERNAL void tg__tensor_written(tg_tensor *t);
 
 /* ---- errors (src/core/status.c) */
 TG_INTERNAL tg_status tg__err(tg_status st, const char *fmt, ...)
@@ -175,6 +188,10 @@ TG_INTERNAL tg_status tg__check_dtype(const char *op, tg_dtype dtype);
 
 /* ---- grad mode (src/tape/tape.c), read on every op */
 extern TG_THREAD_LOCAL bool tg__grad_disabled;
+/* Depth of registered ops' forward/backward calls running on this thread
+ * (dispatch, the node executor). An op writes only its new outputs, so
+ * tg_tensor_data inside one is a read of its inputs, not a write. */
+extern TG_THREAD_LOCAL int tg__in_op;
 /* The op whose backward a create_graph sweep is recording (tape/grad.c),
  * NULL otherwise: dispatch names it when that backward calls an op that
  * cannot be differentiated. */

@@ -175,6 +175,7 @@ tg_tensor *tg__tensor_empty(tg_dtype dtype, int ndim, const int64_t *shape, tg_b
         }
     }
     atomic_init(&st->refcount, 1);
+    st->version = 0;
     st->backend = backend;
     st->nbytes = nbytes;
     st->block = t;
@@ -450,7 +451,27 @@ void *tg_tensor_data(tg_tensor *t)
                                 "use tg_contiguous first)");
         return NULL;
     }
+    if (!tg__in_op) tg__tensor_written(t);
     return tg__tensor_ptr(t);
+}
+
+const void *tg_tensor_data_ro(const tg_tensor *t)
+{
+    if (!t) {
+        tg__err_null("tensor_data_ro", 1);
+        return NULL;
+    }
+    if (!t->contiguous) {
+        tg__err(TG_ERR_INVALID, "bad argument #1 to 'tensor_data_ro' (tensor is a strided view; "
+                                "use tg_contiguous first)");
+        return NULL;
+    }
+    return tg__tensor_ptr(t);
+}
+
+uint32_t tg_tensor_version(const tg_tensor *t)
+{
+    return t ? t->storage->version : 0;
 }
 
 /* Flat row-major index -> storage element offset. */

@@ -120,7 +120,9 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     bool prev_grad_off = tg__grad_disabled;
     tg__grad_disabled = true;
     uint64_t t0 = (tape && tape->profiling) ? tg__now_ns() : 0;
+    tg__in_op++;
     tg_tensor *out = op->forward(&ctx, args);
+    tg__in_op--;
     uint64_t elapsed = t0 ? tg__now_ns() - t0 : 0;
     tg__grad_disabled = prev_grad_off;
     if (out) {
@@ -128,6 +130,10 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
         for (int i = 0; i < n; i++)
             if (out->storage == in[i]->storage && (in[i]->is_leaf || in[i]->leaf_view))
                 out->leaf_view = true;
+    }
+    if (out && tape && tape->opts.anomaly && tg__anomaly_forward(tape, op, n, in, out)) {
+        tg_tensor_release(out);
+        out = NULL;
     }
     if (out && tape) {
         size_t saved_before = tape->saved_bytes;

@@ -624,6 +624,7 @@ tg_status tg_params_load(tg_params *ps, tg_optim *opt, const char *path)
             copy_le(it.v[i].data, f.data + e->begin, it.v[i].nbytes, tg_dtype_size(it.v[i].dtype));
         }
         if (opt) opt->o.lr = lr;
+        for (int i = 0; i < ps->n; i++) tg__tensor_written(ps->p[i].value);
     }
     items_free(&it);
     file_free(&f);

@@ -42,6 +42,9 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
         for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
     }
     if (pns) tg__profile_backward(s->tape, n->op, ns);
+    if (st == TG_OK && s->tape->opts.anomaly)
+        for (int i = 0; i < n->nin && st == TG_OK; i++)
+            if (dst[i] && *dst[i]) st = tg__anomaly_grad(s->tape, idx, n, i + 1, *dst[i]);
     return st;
 }
 
@@ -51,6 +54,8 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
     int32_t root = tg__tape_slot(out);
     if (root < 0) return TG_ERR_NOMEM;
     int64_t top = out->is_leaf ? -1 : out->node;
+    tg_status vst = tg__tape_check_writes(tape, top);
+    if (vst) return vst;
     sweep_state s = {.tape = tape};
     s.grads = calloc((size_t)tape->nslots, sizeof *s.grads);
     if (!s.grads) return tg__err(TG_ERR_NOMEM, "out of memory for %d gradient slots", tape->nslots);

@@ -196,6 +196,7 @@ void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const
                        p->chain >= TG_BALANCED_MAX_CHAIN;
             if ((saving || boundary || cut) && !p->ckpt && !p->out_saved) {
                 p->ckpt = tg_tensor_retain(in[i]);
+                p->ckpt_ver = in[i]->storage->version;
                 tg__tape_charge(tape, p, tg__kept_bytes(in[i]));
             }
             if (p->recompute && !p->ckpt && p->chain + 1 > n->chain) n->chain = p->chain + 1;

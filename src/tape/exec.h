@@ -85,7 +85,9 @@ static inline tg_status tg__exec_forward(const tg_node *n, tg_tensor *const *arg
     tg_op_ctx ctx = tg__op_ctx(n->op, &n->attrs, n->nin, args, in_spec, NULL, &out_spec,
                                n->backend, tg__node_needs(n), extra, nextra, true);
     uint64_t t0 = ns ? tg__now_ns() : 0;
+    tg__in_op++;
     *out = n->op->forward(&ctx, args);
+    tg__in_op--;
     if (ns) *ns += tg__now_ns() - t0;
     if (!*out) return tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
     return TG_OK;
@@ -118,7 +120,9 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const tg_node *n, tg_tensor 
                                needs, extra, nextra, false);
     tg_scope_begin();
     uint64_t t0 = ns ? tg__now_ns() : 0;
+    tg__in_op++;
     tg_status st = n->op->backward(&ctx, gout, gin);
+    tg__in_op--;
     if (ns) *ns += tg__now_ns() - t0;
     /* gin entries are borrowed (scope-owned or gout itself): take our own
      * references before the scope releases its tensors. */

@@ -135,6 +135,9 @@ static tg_status graph_node(graph_sweep *g, int64_t idx, tg_tensor *gout)
         tg__backward_of = outer;
         if (pns) tg__profile_backward(s->tape, nd.op, ns);
     }
+    if (!st && s->tape->opts.anomaly)
+        for (int i = 0; i < nd.nin && !st; i++)
+            if (dst[i] && *dst[i]) st = tg__anomaly_grad(s->tape, idx, &nd, i + 1, *dst[i]);
     for (int i = 0; i < nd.nin; i++) tg_tensor_release(args[i]);
     tg_tensor_release(out);
     return st;
@@ -267,6 +270,8 @@ static tg_status graph_init(graph_sweep *g, tg_tape *tape, int nout, tg_tensor *
         if (tg__tape_slot(outs[k]) < 0) return TG_ERR_NOMEM;
         if (!outs[k]->is_leaf && outs[k]->node > *top) *top = outs[k]->node;
     }
+    tg_status vst = tg__tape_check_writes(tape, *top);
+    if (vst) return vst;
     g->nslots = tape->nslots;
     g->s.grads = calloc((size_t)g->nslots, sizeof *g->s.grads);
     if (!g->s.grads)

@@ -1,13 +1,16 @@
 /* The tape: an append-only array of nodes for one forward pass, leaves and
  * gradient slots. Reverse recording order is a topological order, so the
  * backward sweep (backward.c) needs no sort. */
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tape/tape_internal.h"
 
 TG_THREAD_LOCAL bool tg__grad_disabled;
+TG_THREAD_LOCAL int tg__in_op;
 
 bool tg_grad_set_enabled(bool enabled)
 {
@@ -60,6 +63,8 @@ void tg__tape_unref(tg_tape *tape)
 {
     if (--tape->refcount > 0) return;
     tg__profile_free(tape);
+    for (int32_t i = 0; i < tape->nlabels; i++) free(tape->labels[i]);
+    free(tape->labels);
     free(tape->nodes);
     free(tape->leaves);
     free(tape);
@@ -223,6 +228,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
 {
     int32_t slots[TG_OP_MAX_INPUTS];
     bool recompute = false, checkpoints = true;
+    if (tape->nnodes == 0) tape->writes_at_first = atomic_load_explicit(&tg__writes, memory_order_relaxed);
     tg_status st = tg__tape_choose(tape, op, nin, in, seen, tracked, out, extra, nextra,
                                    &recompute, &checkpoints);
     if (st) return st;
@@ -282,6 +288,15 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     }
     if (recompute) tg__checkpoint_place(tape, n, in, tracked, checkpoints);
     tg__spec_of(out, &n->out_spec);
+    for (int i = 0; i < nin; i++) {
+        const tg_tensor *c = (tracked[i] && in[i]->is_leaf) ? in[i]
+                             : n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
+        n->in_chk[i] = c;
+        n->in_ver[i] = c ? c->storage->version : 0;
+    }
+    n->out_ver = out->storage->version;
+    n->out_written = false;
+    n->label = tape->label_depth ? tape->label_stack[tape->label_depth - 1] : -1;
 
     tg__tape_ref(tape);
     out->tape = tape;
@@ -292,4 +307,229 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->out_slot = out->slot;
     tape->nnodes++;
     return TG_OK;
+}
+
+/* ---- versions: writes after recording */
+
+_Atomic uint64_t tg__writes;
+
+void tg__tensor_written(tg_tensor *t)
+{
+    t->storage->version++;
+    atomic_fetch_add_explicit(&tg__writes, 1, memory_order_relaxed);
+    if (t->tape && !t->is_leaf && t->node >= 0 && tg__tensor_live(t)) {
+        tg_node *n = &t->tape->nodes[t->node];
+        n->out_written = true;
+        n->written_ver = t->storage->version;
+    }
+}
+
+/* "node 3 'tanh'" and the label it was recorded under, if any. */
+static const char *node_where(const tg_tape *tape, int64_t idx, char *buf, size_t len)
+{
+    const tg_node *n = &tape->nodes[idx];
+    const char *label = tg__tape_label_of(tape, n);
+    if (label)
+        snprintf(buf, len, "'%s' (node %lld, recorded under '%s')", n->op->name, (long long)idx,
+                 label);
+    else
+        snprintf(buf, len, "'%s' (node %lld)", n->op->name, (long long)idx);
+    return buf;
+}
+
+static tg_status modified(const tg_tape *tape, int64_t idx, const char *what, int argi,
+                          uint32_t then, uint32_t now)
+{
+    char where[256], arg[32] = "";
+    if (argi > 0) snprintf(arg, sizeof arg, " #%d", argi);
+    return tg__err(TG_ERR_MODIFIED, "backward of %s reads %s%s, which was modified after it was "
+                                    "recorded (version %u when recorded, %u now): write into "
+                                    "values only after backward, or record again",
+                   node_where(tape, idx, where, sizeof where), what, arg, then, now);
+}
+
+tg_status tg__tape_check_writes(tg_tape *tape, int64_t top)
+{
+    if (atomic_load_explicit(&tg__writes, memory_order_relaxed) == tape->writes_at_first)
+        return TG_OK;
+    for (int64_t k = 0; k <= top; k++) {
+        const tg_node *n = &tape->nodes[k];
+        if (n->consumed) continue;
+        unsigned saves = n->op->saves;
+        for (int i = 0; i < n->nin; i++) {
+            const tg_tensor *c = n->in_chk[i];
+            if (c && c->storage->version != n->in_ver[i])
+                return modified(tape, k, c->is_leaf ? "its input (a leaf)" : "its input", i + 1,
+                                n->in_ver[i], c->storage->version);
+            int64_t p = n->in_node[i];
+            /* An input the op keeps for backward: written through the
+             * producer's header, whatever the policy kept (a recompute
+             * would read the value again, NONE the stale copy). */
+            if (p >= 0 && (saves & TG_SAVE_INPUT(i)) && tape->nodes[p].out_written)
+                return modified(tape, k, "its input", i + 1, tape->nodes[p].out_ver,
+                                tape->nodes[p].written_ver);
+        }
+        if (n->out_saved && n->out_saved->storage->version != n->out_ver)
+            return modified(tape, k, "its output", 0, n->out_ver, n->out_saved->storage->version);
+        if ((saves & TG_SAVE_OUTPUT) && n->out_written)
+            return modified(tape, k, "its output", 0, n->out_ver, n->written_ver);
+        if (n->ckpt && n->ckpt->storage->version != n->ckpt_ver)
+            return modified(tape, k, "its output (kept for recompute)", 0, n->ckpt_ver,
+                            n->ckpt->storage->version);
+    }
+    return TG_OK;
+}
+
+/* ---- labels */
+
+static tg_status check_tape(const tg_tape *tape, const char *op)
+{
+    if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to '%s' (NULL tape)", op);
+    if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to '%s' (tape was freed)", op);
+    return TG_OK;
+}
+
+tg_status tg_tape_label_push(tg_tape *tape, const char *name)
+{
+    tg_status st = check_tape(tape, "tape_label_push");
+    if (st) return st;
+    if (!name) return tg__err_null("tape_label_push", 2);
+    size_t len = strlen(name);
+    if (len == 0 || len > TG_TAPE_LABEL_MAX || strchr(name, '/'))
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'tape_label_push' (a label is 1 to %d "
+                                       "bytes without '/'; got %zu bytes%s)", TG_TAPE_LABEL_MAX,
+                       len, strchr(name, '/') ? " with a '/'" : "");
+    if (tape->label_depth == TG_TAPE_MAX_LABELS)
+        return tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_label_push' (%d labels are open "
+                                       "already, the most there can be)", TG_TAPE_MAX_LABELS);
+    const char *outer = tg_tape_label(tape);
+    char path[TG_TAPE_MAX_LABELS * (TG_TAPE_LABEL_MAX + 1) + 1];
+    snprintf(path, sizeof path, "%s%s%s", outer ? outer : "", outer ? "/" : "", name);
+    int32_t id = -1;
+    for (int32_t i = 0; i < tape->nlabels && id < 0; i++)
+        if (strcmp(tape->labels[i], path) == 0) id = i;
+    if (id < 0) {
+        if (tape->nlabels == tape->caplabels) {
+            int32_t cap = tape->caplabels ? tape->caplabels * 2 : 16;
+            char **p = realloc(tape->labels, (size_t)cap * sizeof *p);
+            if (!p) return tg__err(TG_ERR_NOMEM, "out of memory for the tape's labels");
+            tape->labels = p;
+            tape->caplabels = cap;
+        }
+        char *copy = strdup(path);
+        if (!copy) return tg__err(TG_ERR_NOMEM, "out of memory for the tape's labels");
+        id = tape->nlabels++;
+        tape->labels[id] = copy;
+    }
+    tape->label_stack[tape->label_depth++] = id;
+    return TG_OK;
+}
+
+tg_status tg_tape_label_pop(tg_tape *tape)
+{
+    tg_status st = check_tape(tape, "tape_label_pop");
+    if (st) return st;
+    if (!tape->label_depth)
+        return tg__err(TG_ERR_SCOPE, "bad argument #1 to 'tape_label_pop' (no label is open)");
+    tape->label_depth--;
+    return TG_OK;
+}
+
+const char *tg_tape_label(const tg_tape *tape)
+{
+    if (!tape || !tape->label_depth) return NULL;
+    return tape->labels[tape->label_stack[tape->label_depth - 1]];
+}
+
+/* ---- anomaly mode */
+
+tg_status tg_tape_set_anomaly(tg_tape *tape, bool on)
+{
+    tg_status st = check_tape(tape, "tape_set_anomaly");
+    if (st) return st;
+    tape->opts.anomaly = on;
+    return TG_OK;
+}
+
+bool tg_tape_anomaly(const tg_tape *tape)
+{
+    return tape && tape->opts.anomaly;
+}
+
+/* Index of t's first NaN or infinity (any layout), -1 if none. */
+static int64_t first_nonfinite(const tg_tensor *t, double *bad)
+{
+    if (!tg__is_float(t->dtype)) return -1;
+    int64_t idx[TG_MAX_DIMS] = {0};
+    for (int64_t k = 0; k < t->numel; k++) {
+        int64_t off = t->offset;
+        for (int d = 0; d < t->ndim; d++) off += idx[d] * t->strides[d];
+        double v = t->dtype == TG_F32 ? (double)((const float *)t->storage->data)[off]
+                                      : ((const double *)t->storage->data)[off];
+        if (!isfinite(v)) {
+            *bad = v;
+            return k;
+        }
+        for (int d = t->ndim - 1; d >= 0 && ++idx[d] == t->shape[d]; d--) idx[d] = 0;
+    }
+    return -1;
+}
+
+static const char *value_name(double v)
+{
+    return isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf";
+}
+
+/* "f64 [3], f32 [2,2]" */
+static void specs_str(int nin, tg_tensor *const *in, char *buf, size_t len)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < nin && at < len; i++) {
+        char s[96];
+        int w = snprintf(buf + at, len - at, "%s%s %s", i ? ", " : "", tg_dtype_name(in[i]->dtype),
+                         tg_shape_str(in[i]->ndim, in[i]->shape, s, sizeof s));
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+}
+
+tg_status tg__anomaly_forward(tg_tape *tape, const tg_op *op, int nin, tg_tensor *const *in,
+                              const tg_tensor *out)
+{
+    double bad = 0;
+    int64_t k = first_nonfinite(out, &bad);
+    if (k < 0) return TG_OK;
+    char ins[512], os[96], lab[TG_TAPE_MAX_LABELS * (TG_TAPE_LABEL_MAX + 1) + 32] = "";
+    specs_str(nin, in, ins, sizeof ins);
+    const char *label = tg_tape_label(tape);
+    if (label) snprintf(lab, sizeof lab, ", recorded under '%s'", label);
+    return tg__err(TG_ERR_NONFINITE, "anomaly mode: forward of '%s' (node %lld%s) produced %s at "
+                                     "element %lld of its %s %s output; inputs: %s",
+                   op->name, (long long)tape->nnodes, lab, value_name(bad), (long long)k,
+                   tg_dtype_name(out->dtype), tg_shape_str(out->ndim, out->shape, os, sizeof os),
+                   nin ? ins : "none");
+}
+
+tg_status tg__anomaly_grad(tg_tape *tape, int64_t idx, const tg_node *n, int argi,
+                           const tg_tensor *g)
+{
+    double bad = 0;
+    int64_t k = first_nonfinite(g, &bad);
+    if (k < 0) return TG_OK;
+    char ins[512] = "", where[256];
+    size_t at = 0;
+    for (int i = 0; i < n->nin && at < sizeof ins; i++) {
+        char s[96];
+        int w = snprintf(ins + at, sizeof ins - at, "%s%s %s", i ? ", " : "",
+                         tg_dtype_name(n->in_spec[i].dtype),
+                         tg_shape_str(n->in_spec[i].ndim, n->in_spec[i].shape, s, sizeof s));
+        if (w < 0) break;
+        at += (size_t)w;
+    }
+    return tg__err(TG_ERR_NONFINITE, "anomaly mode: backward of %s produced %s at element %lld "
+                                     "of the gradient of its input #%d (the sum of every "
+                                     "contribution so far); inputs: %s",
+                   node_where(tape, idx, where, sizeof where), value_name(bad), (long long)k,
+                   argi, ins);
 }

@@ -34,12 +34,26 @@ typedef struct tg_node {
     bool in_val_owned[TG_OP_MAX_INPUTS];
     tg_tensor *ckpt;                     /* output kept for recompute consumers */
     int32_t segment;                     /* checkpoint segment id, 0 outside any */
+    /* Versions (tg__tape_check_writes): of what input i's check reads
+     * (in_chk: the saved input, the kept value or the tracked leaf,
+     * borrowed from in_saved/in_val/the leaf list; NULL: none), of the
+     * output and of the checkpoint when they were recorded; out_written:
+     * the output was written through its own header after recording
+     * (written_ver: the version that write made). */
+    const tg_tensor *in_chk[TG_OP_MAX_INPUTS];
+    uint32_t in_ver[TG_OP_MAX_INPUTS];
+    uint32_t out_ver, ckpt_ver, written_ver;
+    bool out_written;
+    int32_t label;                       /* index into tape->labels, -1: none */
     int32_t chain;                       /* BALANCED: recompute nodes back to a kept value */
 } tg_node;
 
 /* BALANCED keeps the output of a recompute node that ends a chain of this
  * many recompute nodes back to a kept value (tg__checkpoint_place). */
 #define TG_BALANCED_MAX_CHAIN 8
+
+#define TG_TAPE_MAX_LABELS 32
+#define TG_TAPE_LABEL_MAX 63
 
 struct tg_tape {
     int32_t refcount;   /* the user's handle + every tensor pointing here */
@@ -56,6 +70,13 @@ struct tg_tape {
     int32_t segment_id;    /* id of the open outermost segment, 0 if none */
     int32_t nsegments;     /* ids handed out since the last reset */
     int64_t recomputes;    /* forwards re-run by backward, since the last reset */
+    uint64_t writes_at_first; /* tg__writes when this generation's first node was recorded */
+    /* Labels: every path pushed so far (interned, kept across resets) and
+     * the open ones, innermost last (indices into labels). */
+    char **labels;
+    int32_t nlabels, caplabels;
+    int32_t label_stack[TG_TAPE_MAX_LABELS];
+    int label_depth;
     bool profiling;        /* profile.c */
     tg_profile_row *prof;
     const tg_op **prof_ops;
@@ -117,6 +138,23 @@ static inline void tg__tape_charge(struct tg_tape *tape, tg_node *n, size_t byte
     tape->saved_bytes += bytes;
     if (tape->saved_bytes > tape->saved_peak) tape->saved_peak = tape->saved_bytes;
 }
+/* The label path node n was recorded under, or NULL. */
+static inline const char *tg__tape_label_of(const struct tg_tape *tape, const tg_node *n)
+{
+    return n->label >= 0 ? tape->labels[n->label] : NULL;
+}
+/* Anomaly mode (tape.c): TG_ERR_NONFINITE when out, the result of op on
+ * in[0..nin) about to be recorded as node tape->nnodes, holds a NaN or an
+ * infinity; when the gradient g flowing to input #argi of node idx (made
+ * by its backward) does. */
+TG_INTERNAL tg_status tg__anomaly_forward(struct tg_tape *tape, const tg_op *op, int nin,
+                                          tg_tensor *const *in, const tg_tensor *out);
+TG_INTERNAL tg_status tg__anomaly_grad(struct tg_tape *tape, int64_t idx, const tg_node *n,
+                                       int argi, const tg_tensor *g);
+/* TG_ERR_MODIFIED when a value that backward (or a recompute) of nodes
+ * 0..top reads was written after it was recorded; nothing is changed.
+ * Skips the walk when no write happened since the first node. */
+TG_INTERNAL tg_status tg__tape_check_writes(struct tg_tape *tape, int64_t top);
 /* Whether a saving node keeps every input (saved, or a leaf it borrows),
  * so that backward can re-run it from what it keeps. */
 TG_INTERNAL bool tg__node_keeps_inputs(const tg_node *n);

@@ -55,6 +55,7 @@ static void *fill_target(tg_tensor *t, const char *op)
         tg__err(TG_ERR_INVALID, "bad argument #1 to '%s' (tensor is a strided view)", op);
         return NULL;
     }
+    tg__tensor_written(t);
     return tg__tensor_ptr(t);
 }
 

@@ -309,6 +309,7 @@ tg_status tg_optim_step(tg_optim *opt)
             }
             if (!has) continue;
             opt->steps[i] = step;
+            tg__tensor_written(p->value); /* its version: a record using it is stale */
             if (!run_n) {
                 run_off = p->offset;
                 run_step = step;

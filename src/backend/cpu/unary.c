@@ -31,12 +31,12 @@
 
 #define MAP_SET(T, SFX)                                                             \
     DEF_MAP(neg_##SFX, T, -v)                                                       \
-    DEF_MAP(relu_##SFX, T, v > 0 ? v : (T)0)                                        \
+    DEF_MAP(relu_##SFX, T, v <= 0 ? (T)0 : v)                                        \
     DEF_MAP(adds_##SFX, T, v + q)                                                   \
     DEF_MAP(muls_##SFX, T, v * q)                                                   \
     DEF_GRADMAP(tanh_grad_##SFX, T, g * ((T)1 - v * v))                             \
     DEF_GRADMAP(sigmoid_grad_##SFX, T, g * v * ((T)1 - v))                          \
-    DEF_GRADMAP(relu_grad_##SFX, T, v > 0 ? g : (T)0)                               \
+    DEF_GRADMAP(relu_grad_##SFX, T, v <= 0 ? (T)0 : g)                               \
     DEF_GRADMAP(exp_grad_##SFX, T, g * v)
 
 MAP_SET(float, f32)
