@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <tapegrad.h>
 
@@ -334,4 +335,307 @@ Test(nan, relu_clamp_max_and_friends_propagate_nan)
     expect_nan_out(leaky_of, "leaky_relu");
     expect_nan_out(max_of, "max");
     expect_nan_out(maximum_of, "maximum");
+}
+
+/* ---- hooks */
+
+static tg_status double_it(tg_tensor *grad, tg_tensor **replace, void *ud)
+{
+    int *calls = ud;
+    (*calls)++;
+    *replace = tg_mul_scalar(grad, 2.0);
+    return *replace ? TG_OK : tg_last_error();
+}
+
+/* loss = sum(tanh(x) * c); a hook on tanh(x) doubles the gradient flowing
+ * into it, so x's gradient doubles, under every policy. */
+Test(hooks, a_hook_on_a_result_replaces_its_gradient_under_every_policy)
+{
+    for (int p = 0; p < NPOLICIES; p++) {
+        double g[2][3];
+        for (int hooked = 0; hooked < 2; hooked++) {
+            tg_tape *tape = tape_for(p);
+            tg_tensor *x = vec3(0.5, -1.0, 2.0), *c = vec3(1.0, 2.0, 3.0);
+            cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+            tg_scope_begin();
+            if (p == SEGMENTS) cr_assert_eq(tg_checkpoint_begin(tape), TG_OK);
+            tg_tensor *y = tg_tanh(x);
+            int calls = 0;
+            if (hooked) cr_assert_eq(tg_tensor_hook_add(y, double_it, &calls), TG_OK);
+            tg_tensor *h = tg_mul(y, c);
+            if (p == SEGMENTS) cr_assert_eq(tg_checkpoint_end(tape), TG_OK);
+            cr_assert_eq(tg_backward(tg_sum(h)), TG_OK, "%s: %s", policy_names[p],
+                         tg_last_error_message());
+            cr_expect_eq(calls, hooked, "%s", policy_names[p]);
+            for (int i = 0; i < 3; i++)
+                cr_assert_eq(tg_tensor_get(tg_grad(x), i, &g[hooked][i]), TG_OK);
+            tg_scope_end();
+            tg_tensor_release(x);
+            tg_tensor_release(c);
+            tg_tape_free(tape);
+        }
+        for (int i = 0; i < 3; i++)
+            cr_expect_eq(g[1][i], 2.0 * g[0][i], "%s: element %d: %g vs 2 * %g", policy_names[p], i,
+                         g[1][i], g[0][i]);
+    }
+}
+
+static tg_status clip_to_one(tg_tensor *leaf, void *ud)
+{
+    int *calls = ud;
+    (*calls)++;
+    tg_tensor *g = tg_grad(leaf);
+    double *d = tg_tensor_data(g);
+    for (int64_t i = 0; i < tg_tensor_numel(g); i++) d[i] = d[i] > 1 ? 1 : d[i];
+    return TG_OK;
+}
+
+static tg_status refuse(tg_tensor *grad, tg_tensor **replace, void *ud)
+{
+    (void)grad;
+    (void)replace;
+    (void)ud;
+    return tg_error_set(TG_ERR_INVALID, "refused by the test's hook");
+}
+
+static tg_status wrong_shape(tg_tensor *grad, tg_tensor **replace, void *ud)
+{
+    (void)grad;
+    (void)ud;
+    *replace = tg_zeros(TG_F64, 1, SHAPE(2));
+    return TG_OK;
+}
+
+Test(hooks, leaf_hooks_run_before_and_after_accumulation_and_failures_change_nothing)
+{
+    tg_tape *tape = tape_for(NONE);
+    tg_tensor *x = vec3(0.5, -1.0, 2.0), *c = vec3(1.0, 2.0, 3.0);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    int before = 0, after = 0;
+    cr_assert_eq(tg_tensor_hook_add(x, double_it, &before), TG_OK);
+    cr_assert_eq(tg_leaf_hook_add(x, clip_to_one, &after), TG_OK);
+    cr_expect_eq(tg_leaf_hook_add(c, clip_to_one, &after), TG_ERR_NO_GRAD);
+    tg_error_clear();
+    tg_scope_begin();
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(x, c))), TG_OK, "%s", tg_last_error_message());
+    cr_expect_eq(before, 1);
+    cr_expect_eq(after, 1);
+    double want[3] = {1.0, 1.0, 1.0}; /* 2c clipped to 1 */
+    for (int i = 0; i < 3; i++) {
+        double v;
+        cr_assert_eq(tg_tensor_get(tg_grad(x), i, &v), TG_OK);
+        cr_expect_eq(v, want[i]);
+    }
+    tg_scope_end();
+    tg_tape_reset(tape);
+    /* Leaf hooks survive a reset; a failing hook fails backward with its
+     * status and leaves the gradient as it was. */
+    tg_tensor *y;
+    tg_scope_begin();
+    tg_tensor *loss = forward(tape, NONE, x, c, &y);
+    cr_assert_eq(tg_tensor_hook_add(y, refuse, NULL), TG_OK);
+    cr_expect_eq(tg_backward(loss), TG_ERR_INVALID);
+    cr_expect(strstr(tg_last_error_message(), "refused by the test's hook") != NULL, "%s",
+              tg_last_error_message());
+    double v;
+    cr_assert_eq(tg_tensor_get(tg_grad(x), 0, &v), TG_OK);
+    cr_expect_eq(v, 1.0);
+    tg_error_clear();
+    tg_scope_end();
+    tg_tape_reset(tape);
+    tg_scope_begin();
+    loss = forward(tape, NONE, x, c, &y);
+    cr_assert_eq(tg_tensor_hook_add(y, wrong_shape, NULL), TG_OK);
+    cr_expect_eq(tg_backward(loss), TG_ERR_SHAPE, "%s", tg_last_error_message());
+    tg_error_clear();
+    tg_scope_end();
+    tg_tape_hooks_clear(tape);
+    tg_tape_reset(tape);
+    tg_tensor_release(x);
+    tg_tensor_release(c);
+    tg_tape_free(tape);
+}
+
+typedef struct {
+    int pre, post;
+    char ops[8][16];
+} node_log;
+
+static tg_status log_pre(const tg_node_info *n, tg_tensor *gout, void *ud)
+{
+    node_log *l = ud;
+    cr_assert_not_null(gout);
+    if (l->pre < 8) snprintf(l->ops[l->pre], sizeof l->ops[0], "%s", n->op);
+    l->pre++;
+    return TG_OK;
+}
+
+static tg_status log_post(const tg_node_info *n, tg_tensor *const *gin, void *ud)
+{
+    node_log *l = ud;
+    cr_assert_leq(n->nin, 4);
+    cr_assert(gin[0] || (n->nin > 1 && gin[1]), "no input gradient after '%s'", n->op);
+    l->post++;
+    return TG_OK;
+}
+
+Test(hooks, node_hooks_see_every_node_in_reverse_order)
+{
+    for (int p = 0; p < NPOLICIES; p++) {
+        tg_tape *tape = tape_for(p);
+        node_log l = {0};
+        cr_assert_eq(tg_tape_set_node_hooks(tape, log_pre, log_post, &l), TG_OK);
+        tg_tensor *x = vec3(0.5, -1.0, 2.0), *c = vec3(1.0, 2.0, 3.0), *y;
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        tg_scope_begin();
+        tg_tensor *loss = forward(tape, p, x, c, &y); /* tanh, mul, mul, sum */
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        cr_expect_eq(l.pre, 4, "%s", policy_names[p]);
+        cr_expect_eq(l.post, 4, "%s", policy_names[p]);
+        cr_expect_str_eq(l.ops[0], "sum");
+        cr_expect_str_eq(l.ops[3], "tanh");
+        tg_scope_end();
+        tg_tensor_release(x);
+        tg_tensor_release(c);
+        tg_tape_free(tape);
+    }
+}
+
+/* Saved values packed into plain malloc'd copies (the bytes), unpacked
+ * into new tensors: the same gradients bit for bit, nothing left over. */
+typedef struct {
+    int packed, unpacked, freed;
+    bool fail_pack;
+} pack_stats;
+
+typedef struct {
+    tg_dtype dtype;
+    int ndim;
+    int64_t shape[8];
+    size_t nbytes;
+    unsigned char data[];
+} blob;
+
+static tg_status pack_copy(tg_tensor *saved, void **out, void *ud)
+{
+    pack_stats *s = ud;
+    if (s->fail_pack) return tg_error_set(TG_ERR_IO, "pack refused");
+    size_t nbytes = (size_t)tg_tensor_numel(saved) * tg_dtype_size(tg_tensor_dtype(saved));
+    blob *b = malloc(sizeof *b + nbytes);
+    cr_assert_not_null(b);
+    b->dtype = tg_tensor_dtype(saved);
+    b->ndim = tg_tensor_ndim(saved);
+    for (int d = 0; d < b->ndim; d++) b->shape[d] = tg_tensor_shape(saved)[d];
+    b->nbytes = nbytes;
+    cr_assert_eq(tg_tensor_copy_out(saved, b->data, nbytes), TG_OK);
+    s->packed++;
+    *out = b;
+    return TG_OK;
+}
+
+static tg_tensor *unpack_copy(void *h, void *ud)
+{
+    pack_stats *s = ud;
+    blob *b = h;
+    s->unpacked++;
+    return tg_tensor_from_data(b->dtype, b->ndim, b->shape, b->data);
+}
+
+static void free_copy(void *h, void *ud)
+{
+    pack_stats *s = ud;
+    s->freed++;
+    free(h);
+}
+
+Test(hooks, packed_saved_values_give_the_same_gradients_under_every_policy)
+{
+    for (int p = 0; p < NPOLICIES; p++) {
+        double g[2][3];
+        for (int hooked = 0; hooked < 2; hooked++) {
+            tg_tape *tape = tape_for(p);
+            pack_stats s = {0};
+            if (hooked)
+                cr_assert_eq(tg_tape_set_saved_hooks(tape, pack_copy, unpack_copy, free_copy, &s),
+                             TG_OK);
+            tg_tensor *x = vec3(0.5, -1.0, 2.0), *c = vec3(1.0, 2.0, 3.0), *y;
+            cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+            tg_scope_begin();
+            tg_tensor *loss = forward(tape, p, x, c, &y);
+            if (hooked && p == NONE) {
+                cr_expect_gt(s.packed, 0);
+                cr_expect_eq(tg_tape_saved_bytes(tape), 0, "packed values are the hook's");
+                cr_expect_eq(tg_tape_set_saved_hooks(tape, NULL, NULL, NULL, NULL), TG_ERR_INVALID);
+                tg_error_clear();
+            }
+            cr_assert_eq(tg_backward(loss), TG_OK, "%s: %s", policy_names[p],
+                         tg_last_error_message());
+            cr_expect_eq(s.unpacked, s.packed, "%s", policy_names[p]);
+            cr_expect_eq(s.freed, s.packed, "%s", policy_names[p]);
+            for (int i = 0; i < 3; i++)
+                cr_assert_eq(tg_tensor_get(tg_grad(x), i, &g[hooked][i]), TG_OK);
+            tg_scope_end();
+            tg_tensor_release(x);
+            tg_tensor_release(c);
+            tg_tape_free(tape);
+        }
+        cr_expect_arr_eq(g[0], g[1], sizeof g[0], "%s", policy_names[p]);
+    }
+}
+
+Test(hooks, a_failing_pack_fails_the_op_and_a_reset_frees_what_was_packed)
+{
+    tg_tape *tape = tape_for(NONE);
+    pack_stats s = {0};
+    cr_assert_eq(tg_tape_set_saved_hooks(tape, pack_copy, NULL, free_copy, &s), TG_ERR_NULL);
+    cr_assert_eq(tg_tape_set_saved_hooks(tape, pack_copy, unpack_copy, free_copy, &s), TG_OK);
+    tg_tensor *x = vec3(0.5, -1.0, 2.0);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    tg_scope_begin();
+    tg_tensor *y = tg_tanh(tg_mul_scalar(x, 2.0)); /* tanh packs its output */
+    cr_assert_not_null(y);
+    cr_expect_eq(s.packed, 1);
+    s.fail_pack = true;
+    int64_t nodes = tg_tape_node_count(tape);
+    cr_expect_null(tg_tanh(y));
+    cr_expect_eq(tg_last_error(), TG_ERR_IO);
+    cr_expect_eq(tg_tape_node_count(tape), nodes);
+    tg_error_clear();
+    tg_scope_end();
+    tg_tape_reset(tape); /* never swept: the handle is freed */
+    cr_expect_eq(s.freed, 1);
+    cr_expect_eq(s.unpacked, 0);
+    tg_tensor_release(x);
+    tg_tape_free(tape);
+}
+
+/* Under create_graph a hook's replacement is recorded, and the hook runs
+ * again when the second sweep passes y: with f = sum(y^2), y = tanh x, the
+ * first gradient is doubled once and its derivative through y doubled once
+ * more (PyTorch's tensor hooks do the same): 4 times the unhooked one. */
+Test(hooks, hooks_work_under_create_graph)
+{
+    tg_tape *tape = tape_for(NONE);
+    tg_tensor *x = vec3(0.5, -1.0, 2.0);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    double h[2];
+    for (int hooked = 0; hooked < 2; hooked++) {
+        tg_scope_begin();
+        tg_tensor *y = tg_tanh(x);
+        int calls = 0;
+        if (hooked) cr_assert_eq(tg_tensor_hook_add(y, double_it, &calls), TG_OK);
+        tg_tensor *loss = tg_sum(tg_mul(y, y)), *g, *gg;
+        tg_grad_opts o = {.create_graph = true};
+        cr_assert_eq(tg_grad_of(1, &loss, NULL, 1, &x, &g, &o), TG_OK, "%s", tg_last_error_message());
+        cr_assert(tg_tensor_requires_grad(g));
+        tg_grad_opts o2 = {0};
+        cr_assert_eq(tg_grad_of(1, (tg_tensor *[]){tg_sum(g)}, NULL, 1, &x, &gg, &o2), TG_OK, "%s",
+                     tg_last_error_message());
+        cr_assert_eq(tg_tensor_get(gg, 0, &h[hooked]), TG_OK);
+        tg_scope_end();
+        tg_tape_reset(tape);
+    }
+    cr_expect_float_eq(h[1], 4.0 * h[0], 1e-14, "%g vs 4 * %g", h[1], h[0]);
+    tg_tensor_release(x);
+    tg_tape_free(tape);
 }

@@ -135,6 +135,73 @@ const char *tg_tape_label(const tg_tape *tape);
 tg_status tg_tape_set_anomaly(tg_tape *tape, bool on);
 bool tg_tape_anomaly(const tg_tape *tape);
 
+/* ---- Hooks (docs/debugging.md). A hook returning a status other than
+ * TG_OK fails the call that ran it with that status (a backward then
+ * changes no leaf gradient, except through leaf hooks, which run last).
+ * Each hook runs inside a scope of its own: tensors it makes are released
+ * when it returns, except what it hands back (a replacement, an unpacked
+ * value: the tape takes its own reference) and what it passes to
+ * tg_scope_keep. Hooks work under every checkpoint policy and under
+ * create_graph (they then see tracked gradients, and a gradient hook runs
+ * again whenever a later sweep passes its tensor, as PyTorch's do). */
+
+/* Gradient hook on t: runs once the gradient flowing into t is whole (an
+ * interior result: when the sweep reaches the op that made it; a leaf:
+ * before the sweep adds it into the leaf's grad). It may set *replace to
+ * a tensor of grad's dtype, shape and backend, which the sweep uses
+ * instead (it takes its own reference; TG_ERR_SHAPE otherwise); leaving
+ * it NULL keeps grad. Several hooks on one tensor run in the order they
+ * were added, each seeing the previous one's result. */
+typedef tg_status (*tg_grad_hook)(tg_tensor *grad, tg_tensor **replace, void *userdata);
+/* t must be a leaf or a recorded result of a live tape (TG_ERR_NO_GRAD,
+ * TG_ERR_STALE). A hook on a result lasts until tg_tape_reset; on a leaf,
+ * while the tape lives (the tape holds a reference to the leaf until
+ * tg_tape_free). */
+tg_status tg_tensor_hook_add(tg_tensor *t, tg_grad_hook fn, void *userdata);
+
+/* Runs after a backward (tg_backward, tg_backward_ex) has added into
+ * leaf's gradient: read or change tg_grad(leaf) in place (clip, log). */
+typedef tg_status (*tg_leaf_hook)(tg_tensor *leaf, void *userdata);
+tg_status tg_leaf_hook_add(tg_tensor *leaf, tg_leaf_hook fn, void *userdata);
+/* Removes every gradient and leaf hook of the tape (node and saved-tensor
+ * hooks are set to NULL with their setters). */
+void tg_tape_hooks_clear(tg_tape *tape);
+
+/* Node hooks: pre runs before each node's backward with the gradient of
+ * its output, post after it with the gradients of its inputs as
+ * accumulated so far (its contribution included; NULL where an input
+ * needs none). NULL pre/post: none. One pair per tape; setting again
+ * replaces it. */
+typedef struct tg_node_info {
+    const char *op;    /* the forward op's registry name */
+    int64_t node;      /* its index in the record */
+    const char *label; /* tg_tape_label_push path, or NULL */
+    int nin;
+} tg_node_info;
+typedef tg_status (*tg_node_pre_hook)(const tg_node_info *node, tg_tensor *gout, void *userdata);
+typedef tg_status (*tg_node_post_hook)(const tg_node_info *node, tg_tensor *const *gin,
+                                       void *userdata);
+tg_status tg_tape_set_node_hooks(tg_tape *tape, tg_node_pre_hook pre, tg_node_post_hook post,
+                                 void *userdata);
+
+/* Saved-tensor hooks: each value a node saves for its own backward (its
+ * inputs and output per the op; not leaves, which their owner holds, nor
+ * checkpoints kept for recompute) goes to pack when the op is recorded;
+ * the tape keeps only the handle. Backward hands every handle of the nodes
+ * it sweeps to unpack when it starts (the recorded dtype and shape, else
+ * TG_ERR_SHAPE; borrowed, the tape takes its own reference), then free_fn; a record dropped without
+ * backward (reset, free) calls free_fn alone. A failing pack fails the op
+ * (nothing recorded); unpack returning NULL fails the backward with the
+ * last error (TG_ERR_INVALID if none). Values held by the hooks are not
+ * counted in tg_tape_saved_bytes and are not version-checked. NULL pack
+ * removes the hooks; changing them while the tape holds handles is
+ * TG_ERR_INVALID. */
+typedef tg_status (*tg_pack_hook)(tg_tensor *saved, void **packed, void *userdata);
+typedef tg_tensor *(*tg_unpack_hook)(void *packed, void *userdata);
+typedef void (*tg_packed_free)(void *packed, void *userdata);
+tg_status tg_tape_set_saved_hooks(tg_tape *tape, tg_pack_hook pack, tg_unpack_hook unpack,
+                                  tg_packed_free free_fn, void *userdata);
+
 /* Writes the current record as Graphviz DOT to path: one box per node (op,
  * output dtype and shape, bytes saved; recompute nodes dashed), leaves and
  * untracked inputs as their own nodes. TG_ERR_IO if it cannot write. */

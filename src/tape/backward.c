@@ -21,7 +21,8 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     tg_tensor **dst[TG_OP_MAX_INPUTS];
     for (int i = 0; i < n->nin; i++) dst[i] = n->in_slot[i] >= 0 ? &s->grads[n->in_slot[i]] : NULL;
     uint64_t ns = 0, *pns = s->tape->profiling ? &ns : NULL;
-    tg_status st = TG_OK;
+    tg_status st = s->tape->pre ? tg__hooks_node_pre(s->tape, idx, gout) : TG_OK;
+    if (st) return st;
     if (!n->recompute) {
         int nextra = n->nextra;
         st = tg__exec_backward(n, n->in_saved, n->in_spec, n->out_saved, &n->out_spec, n->extra,
@@ -45,6 +46,7 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     if (st == TG_OK && s->tape->opts.anomaly)
         for (int i = 0; i < n->nin && st == TG_OK; i++)
             if (dst[i] && *dst[i]) st = tg__anomaly_grad(s->tape, idx, n, i + 1, *dst[i]);
+    if (st == TG_OK && s->tape->post) st = tg__hooks_node_post(s->tape, idx, dst);
     return st;
 }
 
@@ -55,6 +57,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
     if (root < 0) return TG_ERR_NOMEM;
     int64_t top = out->is_leaf ? -1 : out->node;
     tg_status vst = tg__tape_check_writes(tape, top);
+    if (!vst && tape->npacks) vst = tg__hooks_unpack(tape, top);
     if (vst) return vst;
     sweep_state s = {.tape = tape};
     s.grads = calloc((size_t)tape->nslots, sizeof *s.grads);
@@ -78,6 +81,10 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
                 break;
             }
             grads[n->out_slot] = NULL;
+            if (tape->nhooks && (st = tg__hooks_grad(tape, n->out_slot, NULL, &g))) {
+                tg_tensor_release(g);
+                break;
+            }
             int64_t hoist[TG_REGION_SPAN];
             int nhoist = 0;
             int64_t lo = tg__region_find(&s, i, hoist, &nhoist);
@@ -108,6 +115,12 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
         tg__sweep_drop(&s, i);
     }
     tg__sweep_values_free(&s, top);
+    /* Leaf gradient hooks first, on every leaf, so that a failing one
+     * leaves every leaf as it was. */
+    for (int32_t i = 0; i < tape->nleaves && st == TG_OK && tape->nhooks; i++) {
+        tg_tensor *leaf = tape->leaves[i];
+        if (grads[leaf->slot]) st = tg__hooks_grad(tape, leaf->slot, leaf, &grads[leaf->slot]);
+    }
     if (st == TG_OK) {
         for (int32_t i = 0; i < tape->nleaves; i++) {
             tg_tensor *leaf = tape->leaves[i];
@@ -132,6 +145,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             if (st != TG_OK) break;
         }
     }
+    if (st == TG_OK && tape->nleaf_hooks) st = tg__hooks_leaves(tape);
     for (int32_t i = 0; i < tape->nslots; i++) tg_tensor_release(grads[i]);
     free(grads);
     tg_grad_set_enabled(prev);

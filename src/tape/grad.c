@@ -138,6 +138,7 @@ static tg_status graph_node(graph_sweep *g, int64_t idx, tg_tensor *gout)
     if (!st && s->tape->opts.anomaly)
         for (int i = 0; i < nd.nin && !st; i++)
             if (dst[i] && *dst[i]) st = tg__anomaly_grad(s->tape, idx, &nd, i + 1, *dst[i]);
+    if (!st && s->tape->post) st = tg__hooks_node_post(s->tape, idx, dst);
     for (int i = 0; i < nd.nin; i++) tg_tensor_release(args[i]);
     tg_tensor_release(out);
     return st;
@@ -178,7 +179,9 @@ static tg_status run_sweep(graph_sweep *g, int64_t top)
                 break;
             }
             s->grads[oslot] = NULL;
-            st = graph_node(g, i, gi);
+            if (tape->nhooks) st = tg__hooks_grad(tape, oslot, NULL, &gi);
+            if (!st && tape->pre) st = tg__hooks_node_pre(tape, i, gi);
+            if (!st) st = graph_node(g, i, gi);
             tg_tensor_release(gi);
             if (st == TG_OK && !g->retain) tg__node_release_saved(tape, &tape->nodes[i]);
         } else if (gi) {
@@ -271,6 +274,7 @@ static tg_status graph_init(graph_sweep *g, tg_tape *tape, int nout, tg_tensor *
         if (!outs[k]->is_leaf && outs[k]->node > *top) *top = outs[k]->node;
     }
     tg_status vst = tg__tape_check_writes(tape, *top);
+    if (!vst && tape->npacks) vst = tg__hooks_unpack(tape, *top);
     if (vst) return vst;
     g->nslots = tape->nslots;
     g->s.grads = calloc((size_t)g->nslots, sizeof *g->s.grads);
@@ -296,6 +300,13 @@ static tg_status graph_init(graph_sweep *g, tg_tape *tape, int nout, tg_tensor *
 static tg_status accumulate_leaves(graph_sweep *g, int32_t nleaves)
 {
     tg_tape *tape = g->s.tape;
+    for (int32_t i = 0; i < nleaves && tape->nhooks; i++) {
+        tg_tensor *leaf = tape->leaves[i];
+        tg_status st = TG_OK;
+        if (g->s.grads[leaf->slot])
+            st = tg__hooks_grad(tape, leaf->slot, leaf, &g->s.grads[leaf->slot]);
+        if (st) return st;
+    }
     for (int32_t i = 0; i < nleaves; i++) {
         tg_tensor *leaf = tape->leaves[i];
         tg_tensor *gr = g->s.grads[leaf->slot];
@@ -335,6 +346,7 @@ tg_status tg_backward_ex(tg_tensor *out, const tg_tensor *seed, const tg_grad_op
     if (!st) st = run_sweep(&g, top);
     tg__sweep_values_free(&g.s, top);
     if (!st) st = accumulate_leaves(&g, nleaves);
+    if (!st && tape->nleaf_hooks) st = tg__hooks_leaves(tape);
     tg_grad_set_enabled(prev);
     graph_free(&g, top);
     return st;
@@ -396,6 +408,8 @@ tg_status tg_grad_of(int nout, tg_tensor *const *outs, tg_tensor *const *seeds, 
             tg_tensor *r = g.got[inputs[j]->slot];
             if (r) {
                 r = tg_tensor_retain(r);
+                if (tape->nhooks && inputs[j]->is_leaf)
+                    st = tg__hooks_grad(tape, inputs[j]->slot, inputs[j], &r);
             } else if (opts && opts->allow_unused) {
                 r = zeros_like(inputs[j]);
                 if (!r) st = TG_ERR_NOMEM;

@@ -63,6 +63,7 @@ void tg__tape_unref(tg_tape *tape)
 {
     if (--tape->refcount > 0) return;
     tg__profile_free(tape);
+    tg__hooks_free(tape);
     for (int32_t i = 0; i < tape->nlabels; i++) free(tape->labels[i]);
     free(tape->labels);
     free(tape->nodes);
@@ -101,6 +102,8 @@ void tg_tape_reset(tg_tape *tape)
     /* Saved tensors may hold the last references to the tape itself. */
     tg__tape_ref(tape);
     for (int64_t i = 0; i < tape->nnodes; i++) tg__node_release_saved(tape, &tape->nodes[i]);
+    tg__hooks_drop_packed(tape);
+    tg__hooks_reset(tape);
     tape->nnodes = 0;
     for (int32_t i = 0; i < tape->nleaves; i++) tg_tensor_release(tape->leaves[i]);
     tape->nleaves = 0;
@@ -119,6 +122,7 @@ void tg_tape_free(tg_tape *tape)
 {
     if (!tape) return;
     tg_tape_reset(tape);
+    tg__hooks_free(tape); /* hooked leaves hold the tape */
     tape->dead = true;
     tg__tape_unref(tape);
 }
@@ -240,10 +244,20 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
      * until tg_backward, tg_tape_reset or tg_tape_free releases the node's
      * saves (a view per op would cost a header). */
     tg_tensor *saved_out = (!recompute && (op->saves & TG_SAVE_OUTPUT)) ? out : NULL;
+    void *handles[TG_OP_MAX_INPUTS + 1];
+    unsigned packed = 0;
+    if (tape->pack && !recompute &&
+        (st = tg__hooks_pack(tape, op, nin, seen, out, handles, &packed)))
+        return st;
+    if (packed & (1u << nin)) saved_out = NULL;
     if (tape->nnodes == tape->capnodes) {
         int64_t cap = tape->capnodes ? tape->capnodes * 2 : 64;
         tg_node *p = realloc(tape->nodes, (size_t)cap * sizeof *p);
-        if (!p) return tg__err(TG_ERR_NOMEM, "out of memory growing the tape");
+        if (!p) {
+            for (int i = 0; i <= nin; i++)
+                if (packed & (1u << i)) tape->pfree(handles[i], tape->pack_ud);
+            return tg__err(TG_ERR_NOMEM, "out of memory growing the tape");
+        }
         tape->nodes = p;
         tape->capnodes = cap;
     }
@@ -268,7 +282,8 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         n->in_node[i] = (tracked[i] && !in[i]->is_leaf) ? in[i]->node : -1;
         n->in_val[i] = NULL;
         n->in_val_owned[i] = false;
-        n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i))) ? tg_tensor_retain(seen[i]) : NULL;
+        n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i)) && !(packed & (1u << i)))
+                             ? tg_tensor_retain(seen[i]) : NULL;
         tg__tape_charge(tape, n, tg__kept_bytes(n->in_saved[i]));
         /* A saving node borrows the leaves it does not save (affine's bias):
          * free, and with them it can be re-run from what it keeps. */
@@ -306,6 +321,9 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     out->is_leaf = false;
     n->out_slot = out->slot;
     tape->nnodes++;
+    /* Filed once the node exists; on failure the node stays, unpacked
+     * values missing: its backward would fail, so the op fails now. */
+    if (packed && (st = tg__hooks_file(tape, tape->nnodes - 1, nin, handles, packed))) return st;
     return TG_OK;
 }
 

@@ -77,6 +77,22 @@ struct tg_tape {
     int32_t nlabels, caplabels;
     int32_t label_stack[TG_TAPE_MAX_LABELS];
     int label_depth;
+    /* Hooks (hooks.c). any_hooks: gradient or node hooks are set (the
+     * sweep then runs node by node, no pointwise blocks). */
+    struct tg__grad_hook *hooks;
+    int32_t nhooks, caphooks;
+    struct tg__leaf_hook *leaf_hooks;
+    int32_t nleaf_hooks, capleaf_hooks;
+    tg_node_pre_hook pre;
+    tg_node_post_hook post;
+    void *node_ud;
+    tg_pack_hook pack;
+    tg_unpack_hook unpack;
+    tg_packed_free pfree;
+    void *pack_ud;
+    struct tg__packed *packs; /* handles of saved values, in record order */
+    int64_t npacks, cappacks;
+    bool any_hooks;
     bool profiling;        /* profile.c */
     tg_profile_row *prof;
     const tg_op **prof_ops;
@@ -151,6 +167,32 @@ TG_INTERNAL tg_status tg__anomaly_forward(struct tg_tape *tape, const tg_op *op,
                                           tg_tensor *const *in, const tg_tensor *out);
 TG_INTERNAL tg_status tg__anomaly_grad(struct tg_tape *tape, int64_t idx, const tg_node *n,
                                        int argi, const tg_tensor *g);
+/* Hooks (hooks.c). */
+/* Packs what node tape->nnodes (about to be recorded) saves, per
+ * saves/seen/out as tg__tape_record saves them: sets bit i of *mask (bit
+ * nin: the output) for each value handed to the pack hook, its handle in
+ * handles[i]. On failure frees the handles made and returns the status. */
+TG_INTERNAL tg_status tg__hooks_pack(struct tg_tape *tape, const tg_op *op, int nin,
+                                     tg_tensor *const *seen, const tg_tensor *out,
+                                     void **handles, unsigned *mask);
+/* Files the handles of node idx (after it is recorded). TG_ERR_NOMEM. */
+TG_INTERNAL tg_status tg__hooks_file(struct tg_tape *tape, int64_t idx, int nin, void **handles,
+                                     unsigned mask);
+/* Unpacks every handle of nodes 0..top into their in_saved/out_saved. */
+TG_INTERNAL tg_status tg__hooks_unpack(struct tg_tape *tape, int64_t top);
+/* Frees every handle (a record dropped unswept). */
+TG_INTERNAL void tg__hooks_drop_packed(struct tg_tape *tape);
+/* Gradient hooks on slot's gradient *g (replaced in place, reference
+ * taken over); leaf: whether the slot is a leaf's (matched by pointer). */
+TG_INTERNAL tg_status tg__hooks_grad(struct tg_tape *tape, int32_t slot, const tg_tensor *leaf,
+                                     tg_tensor **g);
+TG_INTERNAL tg_status tg__hooks_leaves(struct tg_tape *tape);
+TG_INTERNAL tg_status tg__hooks_node_pre(struct tg_tape *tape, int64_t idx, tg_tensor *gout);
+TG_INTERNAL tg_status tg__hooks_node_post(struct tg_tape *tape, int64_t idx, tg_tensor **const *dst);
+/* Drops the hooks on recorded results (tg_tape_reset). */
+TG_INTERNAL void tg__hooks_reset(struct tg_tape *tape);
+/* Releases every hook (tg_tape_free). */
+TG_INTERNAL void tg__hooks_free(struct tg_tape *tape);
 /* TG_ERR_MODIFIED when a value that backward (or a recompute) of nodes
  * 0..top reads was written after it was recorded; nothing is changed.
  * Skips the walk when no write happened since the first node. */
