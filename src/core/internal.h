@@ -190,6 +190,13 @@ static inline bool tg__records(const tg_tensor *t)
 /* ---- scopes (src/core/scope.c) */
 /* Hands t to the innermost scope if one is open. Returns t. */
 TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
+/* At thread exit: ends the scopes still open and frees the arrays. */
+TG_INTERNAL void tg__scope_thread_exit(void);
+
+/* ---- per-thread state (src/core/tensor.c) */
+/* Arranges for the calling thread's caches and scope arrays to be freed
+ * when it exits; false if that cannot be arranged (then cache nothing). */
+TG_INTERNAL bool tg__thread_register(void);
 
 /* ---- dispatch hooks the tape uses without including dispatch
  * (src/dispatch/registry.c) */

@@ -1,5 +1,6 @@
 /* Backend tensors: layout, creation, accessors and reference counting. */
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,9 +101,39 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
 static TG_THREAD_LOCAL tg_tensor *free_headers[HEADER_CACHE + 1];
 static TG_THREAD_LOCAL int nfree_headers;
 
+/* What a thread holds (cached headers, the scope arrays) is freed when it
+ * exits: the first thing it caches or allocates sets a thread-specific
+ * key whose destructor frees it all. Without this, every short-lived
+ * thread that used the library left about 85 KB behind. */
+static pthread_key_t thread_key;
+static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
+static bool thread_key_made;
+static TG_THREAD_LOCAL bool thread_registered;
+
+static void thread_exit(void *unused)
+{
+    (void)unused;
+    thread_registered = false;
+    tg__scope_thread_exit(); /* may free headers into the cache: first */
+    while (nfree_headers > 0) free(free_headers[--nfree_headers]);
+}
+
+static void thread_key_make(void)
+{
+    thread_key_made = pthread_key_create(&thread_key, thread_exit) == 0;
+}
+
+bool tg__thread_register(void)
+{
+    if (thread_registered) return true;
+    pthread_once(&thread_key_once, thread_key_make);
+    thread_registered = thread_key_made && pthread_setspecific(thread_key, &thread_key) == 0;
+    return thread_registered;
+}
+
 static void header_free(tg_tensor *t)
 {
-    if (nfree_headers < HEADER_CACHE)
+    if (nfree_headers < HEADER_CACHE && (thread_registered || tg__thread_register()))
         free_headers[nfree_headers++] = t;
     else
         free(t);
