@@ -141,6 +141,18 @@ static inline void tg__contig_strides(int ndim, const int64_t *shape, int64_t *s
     }
 }
 
+/* A double as i64, saturating: NaN gives 0, values at or past the ends of
+ * i64's range (infinities too) give INT64_MIN or INT64_MAX, the rest are
+ * truncated toward zero. C leaves the plain cast undefined there. The one
+ * conversion every float -> i64 path uses (tg_cast, fills, tg_full). */
+static inline int64_t tg__sat_i64(double v)
+{
+    if (v != v) return 0;
+    if (v >= 0x1p63) return INT64_MAX;
+    if (v <= -0x1p63) return INT64_MIN;
+    return (int64_t)v;
+}
+
 static inline bool tg__is_float(tg_dtype dt)
 {
     return dt == TG_F32 || dt == TG_F64;

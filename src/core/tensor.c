@@ -78,6 +78,9 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
         return tg__err(TG_ERR_SHAPE, "bad argument to '%s' (ndim %d outside 0..%d)", op, ndim,
                        TG_MAX_DIMS);
     if (ndim > 0 && !shape) return tg__err(TG_ERR_NULL, "bad argument to '%s' (NULL shape)", op);
+    /* The product of the nonzero dims bounds both the byte count and the
+     * strides (tg__contig_strides counts a 0 as 1), so a zero-size dim
+     * does not switch the check off. */
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
@@ -85,7 +88,7 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
                            op, i, (long long)shape[i]);
         if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i])
             return tg__err(TG_ERR_SHAPE, "bad argument to '%s' (shape too large)", op);
-        n *= shape[i];
+        if (shape[i] > 0) n *= shape[i];
     }
     return TG_OK;
 }
@@ -277,7 +280,7 @@ static void store(void *p, tg_dtype dt, int64_t i, double v)
     switch (dt) {
     case TG_F32: ((float *)p)[i] = (float)v; break;
     case TG_F64: ((double *)p)[i] = v; break;
-    case TG_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case TG_I64: ((int64_t *)p)[i] = tg__sat_i64(v); break;
     }
 }
 
@@ -343,6 +346,12 @@ tg_tensor *tg_arange(tg_dtype dtype, double start, double stop, double step)
         return NULL;
     }
     double n = ceil((stop - start) / step);
+    /* Checked as a double: the cast of a count past i64 is undefined. */
+    if (!(n <= 0x1p60)) {
+        tg__err(TG_ERR_SHAPE, "bad argument to 'arange' (%g elements from %g to %g by %g; too "
+                              "many)", n, start, stop, step);
+        return NULL;
+    }
     int64_t shape[1] = {n > 0 ? (int64_t)n : 0};
     tg_tensor *t = create("arange", dtype, 1, shape);
     if (!t) return NULL;
