@@ -620,3 +620,88 @@ Test(errors, last_error_is_per_thread)
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE, "the thread's error leaked into the main thread");
     tu_expect_message_has("'add'");
 }
+
+/* ---- Issue 15 items 11-13: messages that name the right op and problem. */
+
+/* |x| as sqrt(x * x): at 0 the analytic gradient is inf * 0 = NaN, the
+ * numeric one 0. */
+static tg_tensor *abs_by_sqrt(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud;
+    (void)n;
+    return tg_sqrt(tg_mul(in[0], in[0]));
+}
+
+Test(errors, gradcheck_of_a_nan_gradient_says_nan_and_where)
+{
+    tg_tensor *x = T64((3), 1, 0, 2);
+    tg_gradcheck_result res[1];
+    cr_assert_eq(tg_gradcheck(abs_by_sqrt, NULL, 1, &x, NULL, res), TG_ERR_GRADCHECK);
+    cr_assert(isnan(res[0].max_abs_err), "max abs error %g", res[0].max_abs_err);
+    cr_assert_eq(res[0].worst_index, 1);
+    tu_expect_message_has("nan, max rel error ");
+    tu_expect_message_has("worst at index 1: analytic ");
+    tu_expect_message_has("nan, numeric 0 (NaN)");
+    tg_error_clear();
+}
+
+Test(errors, transpose_errors_name_transpose_and_its_arguments)
+{
+    tg_tensor *x = T64((2, 2), 1, 2, 3, 4);
+    cr_assert_null(tg_transpose(x, 0, 5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("bad argument #3 to 'transpose' (dim 5 out of range for 2 dims)");
+    tg_error_clear();
+    cr_assert_null(tg_transpose(x, -3, 0));
+    tu_expect_message_has("bad argument #2 to 'transpose' (dim -3");
+    tg_error_clear();
+}
+
+Test(errors, empty_dims_on_i64_name_the_reduction)
+{
+    tg_tensor *x = I64((2), 1, 2);
+    cr_assert_null(tg_sum_dims(x, 0, NULL, false));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tu_expect_message_has("to 'sum'");
+    tg_error_clear();
+    cr_assert_null(tg_mean_dims(x, 0, NULL, true));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tu_expect_message_has("to 'mean'");
+    tg_error_clear();
+}
+
+Test(errors, null_arrays_fail_with_null_not_a_count)
+{
+    cr_assert_null(tg_concat(2, NULL, 0));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tu_expect_message_has("bad argument #2 to 'concat' (NULL tensor array)");
+    tg_error_clear();
+    const tg_op *relu = tg_op_find("relu");
+    cr_assert_not_null(relu);
+    cr_assert_null(tg_op_call(relu, 1, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tu_expect_message_has("bad argument #3 to 'op_call' (NULL input array for 'relu')");
+    tg_error_clear();
+    tg_tensor *x = T64((1), 1);
+    cr_assert_null(tg_to_device(x, (tg_backend)5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("bad argument #2 to 'to_device' (no backend 5)");
+    tg_error_clear();
+}
+
+Test(errors, an_invalid_backend_is_an_error_everywhere)
+{
+    tg_backend before = tg_default_backend();
+    cr_assert_eq(tg_set_default_backend((tg_backend)7), before);
+    cr_assert_eq(tg_default_backend(), before);
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("bad argument #1 to 'set_default_backend' (no backend 7)");
+    tg_error_clear();
+    tg_op_check rep;
+    cr_assert_eq(tg_gradcheck_op(tg_op_find("relu"), (tg_backend)7, NULL, &rep), TG_ERR_INVALID);
+    tu_expect_message_has("bad argument #2 to 'gradcheck_op' (no backend 7)");
+    cr_assert_eq(rep.cases, 0);
+    cr_assert_eq(tg_gradgradcheck_op(tg_op_find("relu"), (tg_backend)-1, NULL, NULL),
+                 TG_ERR_INVALID);
+    tg_error_clear();
+}

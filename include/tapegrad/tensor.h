@@ -27,7 +27,8 @@ const char *tg_backend_name(tg_backend backend);
 size_t tg_dtype_size(tg_dtype dtype);
 
 /* Backend used by every creation function on this thread (default cpu).
- * Returns the previous one. */
+ * Returns the previous one. An invalid backend changes nothing and sets
+ * the last error (TG_ERR_INVALID). */
 tg_backend tg_set_default_backend(tg_backend backend);
 tg_backend tg_default_backend(void);
 

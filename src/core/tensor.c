@@ -40,7 +40,11 @@ size_t tg_dtype_size(tg_dtype dtype)
 tg_backend tg_set_default_backend(tg_backend backend)
 {
     tg_backend prev = default_backend;
-    if ((unsigned)backend < TG_BACKEND_COUNT) default_backend = backend;
+    if ((unsigned)backend < TG_BACKEND_COUNT)
+        default_backend = backend;
+    else
+        tg__err(TG_ERR_INVALID, "bad argument #1 to 'set_default_backend' (no backend %d)",
+                (int)backend);
     return prev;
 }
 

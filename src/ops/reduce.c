@@ -573,7 +573,9 @@ static tg_tensor *call_dims(const tg_op *op, tg_tensor *x, int ndims, const int 
         return NULL;
     }
     if (ndims == 0 && x) {
-        /* An explicit empty list reduces nothing: a copy with the same shape. */
+        /* An explicit empty list reduces nothing: a copy with the same
+         * shape, after the op's own dtype check (so errors name it). */
+        if (tg__need_float(op, 1, x)) return NULL;
         return tg_mul_scalar(x, 1.0);
     }
     a.nints = ndims;

@@ -251,7 +251,8 @@ static tg_status to_device_shape(const tg_op *op, const tg_op_attrs *a, tg_tenso
                                  tg_spec *out)
 {
     if (a->target < 0 || a->target >= TG_BACKEND_COUNT)
-        return tg__err(TG_ERR_DEVICE, "bad argument #2 to '%s' (no backend %d)", op->name, a->target);
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (no backend %d)", op->name,
+                       a->target);
     tg__spec_of(in[0], out);
     return TG_OK;
 }
@@ -546,9 +547,10 @@ tg_tensor *tg_transpose(tg_tensor *x, int dim0, int dim1)
         tg__err_null("transpose", 1);
         return NULL;
     }
+    /* Checked here, so that an error names transpose and its arguments. */
     int d0, d1, perm[TG_MAX_DIMS];
-    if (tg__norm_dim(&tg__op_permute, 2, dim0, x->ndim, &d0) ||
-        tg__norm_dim(&tg__op_permute, 3, dim1, x->ndim, &d1))
+    static const tg_op named = {.name = "transpose"};
+    if (tg__norm_dim(&named, 2, dim0, x->ndim, &d0) || tg__norm_dim(&named, 3, dim1, x->ndim, &d1))
         return NULL;
     for (int i = 0; i < x->ndim; i++) perm[i] = i;
     perm[d0] = d1;
@@ -575,8 +577,12 @@ tg_tensor *tg_cast(tg_tensor *x, tg_dtype dtype)
 
 tg_tensor *tg_concat(int n, tg_tensor *const *xs, int dim)
 {
-    if (n < 1 || !xs) {
+    if (n < 1) {
         tg__err(TG_ERR_INVALID, "bad argument #1 to 'concat' (%d tensors; need at least 1)", n);
+        return NULL;
+    }
+    if (!xs) {
+        tg__err(TG_ERR_NULL, "bad argument #2 to 'concat' (NULL tensor array)");
         return NULL;
     }
     for (int i = 0; i < n; i++)
