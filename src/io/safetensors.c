@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,10 +118,40 @@ static void copy_le(void *dst, const void *src, size_t n, size_t es)
 #endif
 }
 
+/* jansson allocates through json_alloc, which notes a failure: its parser
+ * reports running out of memory as a syntax error (a string buffer that
+ * cannot grow reads as a bad token), and the flag tells the two apart.
+ * Installed once, and only over jansson's defaults: a program that set its
+ * own functions keeps them (its failures then read as a bad header). */
+static TG_THREAD_LOCAL bool json_nomem;
+static pthread_once_t json_once = PTHREAD_ONCE_INIT;
+
+static void *json_alloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) json_nomem = true;
+    return p;
+}
+
+static void json_setup(void)
+{
+    json_malloc_t m;
+    json_free_t f;
+    json_get_alloc_funcs(&m, &f);
+    if (m == malloc && f == free) json_set_alloc_funcs(json_alloc, free);
+}
+
+static void json_begin(void)
+{
+    pthread_once(&json_once, json_setup);
+    json_nomem = false;
+}
+
 static tg_status io_err(const char *what, const char *path)
 {
     char msg[128];
     int e = errno;
+    if (e == ENOMEM) return tg__err(TG_ERR_NOMEM, "out of memory: %s '%s'", what, path);
     if (strerror_r(e, msg, sizeof msg) != 0) snprintf(msg, sizeof msg, "errno %d", e);
     return tg__err(TG_ERR_IO, "%s '%s': %s", what, path, msg);
 }
@@ -196,6 +227,7 @@ static char *build_header(const items *it, const tg_optim *opt, size_t *len)
         if (!utf8_valid(it->v[i].name))
             return tg__err(TG_ERR_INVALID, "bad argument #1 to 'params_save' (name '%s' is not "
                                            "valid UTF-8)", it->v[i].name), NULL;
+    json_begin();
     json_t *root = json_object();
     if (!root) goto nomem;
     uint64_t off = 0;
@@ -545,8 +577,9 @@ static tg_status parse_file(const char *path, file *f)
         return tg__err(TG_ERR_HEADER, "'%s': header length %llu outside 2..%u", path,
                        (unsigned long long)hlen, HEADER_MAX);
     json_error_t jerr;
+    json_begin();
     f->root = json_loadb((const char *)f->buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
-    if (!f->root && json_error_code(&jerr) == json_error_out_of_memory)
+    if (!f->root && (json_nomem || json_error_code(&jerr) == json_error_out_of_memory))
         return tg__err(TG_ERR_NOMEM, "out of memory parsing the header of '%s'", path);
     if (!f->root)
         return tg__err(TG_ERR_HEADER, "'%s': header is not valid JSON (%s, at byte %d)", path,
