@@ -28,8 +28,16 @@ static int (*real_posix_memalign)(void **, size_t, size_t);
 static void *(*real_aligned_alloc)(size_t, size_t);
 static void *(*real_mallocx)(size_t, int);
 
+/* Under AddressSanitizer the allocator is called before its shadow memory
+ * exists (from its own start-up): the interposer must not be instrumented. */
+#if defined(__GNUC__)
+#define RAW __attribute__((no_sanitize("address", "undefined")))
+#else
+#define RAW
+#endif
+
 /* dlsym may allocate before the real functions are known: from here. */
-static _Alignas(64) unsigned char boot[8192];
+static _Alignas(64) unsigned char boot[65536];
 static size_t boot_used;
 static _Thread_local bool resolving;
 
@@ -37,7 +45,7 @@ static _Thread_local bool armed;
 static long countdown; /* allocations left before the failing one */
 static long injected;  /* failures injected since arming */
 
-static void *boot_alloc(size_t n)
+RAW static void *boot_alloc(size_t n)
 {
     n = (n + 63) & ~(size_t)63;
     if (boot_used + n > sizeof boot) return NULL;
@@ -46,12 +54,12 @@ static void *boot_alloc(size_t n)
     return p;
 }
 
-static bool in_boot(const void *p)
+RAW static bool in_boot(const void *p)
 {
     return (const unsigned char *)p >= boot && (const unsigned char *)p < boot + sizeof boot;
 }
 
-static void resolve(void)
+RAW static void resolve(void)
 {
     if (real_free || resolving) return;
     resolving = true;
@@ -66,7 +74,7 @@ static void resolve(void)
     resolving = false;
 }
 
-static bool fail_now(void)
+RAW static bool fail_now(void)
 {
     if (!armed) return false;
     if (countdown-- > 0) return false;
@@ -75,52 +83,54 @@ static bool fail_now(void)
     return true;
 }
 
-void *malloc(size_t n)
+RAW void *malloc(size_t n)
 {
     resolve();
     if (!real_malloc) return boot_alloc(n);
     return fail_now() ? NULL : real_malloc(n);
 }
 
-void *calloc(size_t n, size_t m)
+RAW void *calloc(size_t n, size_t m)
 {
     resolve();
     if (!real_calloc) return boot_alloc(n * m); /* static: already zero */
     return fail_now() ? NULL : real_calloc(n, m);
 }
 
-void *realloc(void *p, size_t n)
+RAW void *realloc(void *p, size_t n)
 {
     resolve();
+    if (!p) return malloc(n);
     if (in_boot(p)) {
+        size_t left = (size_t)(boot + sizeof boot - (unsigned char *)p);
         void *q = malloc(n);
-        if (q) memcpy(q, p, n < (size_t)(boot + sizeof boot - (unsigned char *)p) ? n
-                                : (size_t)(boot + sizeof boot - (unsigned char *)p));
+        if (q) memcpy(q, p, n < left ? n : left);
         return q;
     }
+    if (!real_realloc) return NULL; /* not during start-up */
     return fail_now() ? NULL : real_realloc(p, n);
 }
 
-void free(void *p)
+RAW void free(void *p)
 {
     if (!p || in_boot(p)) return;
     resolve();
-    real_free(p);
+    if (real_free) real_free(p); /* else freed during start-up: kept */
 }
 
-int posix_memalign(void **out, size_t align, size_t n)
+RAW int posix_memalign(void **out, size_t align, size_t n)
 {
     resolve();
     return fail_now() ? ENOMEM : real_posix_memalign(out, align, n);
 }
 
-void *aligned_alloc(size_t align, size_t n)
+RAW void *aligned_alloc(size_t align, size_t n)
 {
     resolve();
     return fail_now() ? NULL : real_aligned_alloc(align, n);
 }
 
-void *mallocx(size_t n, int flags)
+RAW void *mallocx(size_t n, int flags)
 {
     resolve();
     return fail_now() || !real_mallocx ? NULL : real_mallocx(n, flags);
