@@ -705,3 +705,72 @@ Test(errors, an_invalid_backend_is_an_error_everywhere)
                  TG_ERR_INVALID);
     tg_error_clear();
 }
+
+/* ---- Registry entries called directly (tg_op_call) check what their
+ * public wrappers would have checked: each case reached a missing kernel
+ * or wrote out of bounds before (found by fuzz/fuzz_ops). */
+static tg_tensor *call(const char *name, int n, tg_tensor *a, tg_tensor *b, tg_tensor *c,
+                       const tg_op_attrs *attrs)
+{
+    tg_tensor *in[3] = {a, b, c};
+    const tg_op *op = tg_op_find(name);
+    cr_assert_not_null(op, "%s", name);
+    return tg_op_call(op, n, in, attrs);
+}
+
+Test(errors, internal_backward_ops_called_directly_check_their_inputs)
+{
+    tg_tensor *i = I64((2, 2), 0, 1, 1, 0), *f = T64((2, 2), 0.1, 0.2, 0.3, 0.4);
+    tg_op_attrs dim0 = {.nints = 1, .ints = {0}};
+    cr_assert_null(call("softmax_backward", 2, i, i, NULL, &dim0));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tu_expect_message_has("'softmax_backward'");
+    tg_error_clear();
+    tg_op_attrs dim5 = {.nints = 1, .ints = {5}};
+    cr_assert_null(call("log_softmax_backward", 2, f, f, NULL, &dim5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("(dim 5 out of range for 2 dims)");
+    tg_error_clear();
+
+    /* max_dim_backward(idx, gy): the indices must fit the target shape. */
+    tg_tensor *idx = I64((2), 0, 7), *gy = T64((2), 1, 1);
+    tg_op_attrs tgt = {.nints = 2, .ints = {2, 3}, .target = 1};
+    cr_assert_null(call("max_dim_backward", 2, idx, gy, NULL, &tgt));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("(index 7 at position 1 outside [0, 3))");
+    tg_error_clear();
+    tg_op_attrs bad_dim = {.nints = 2, .ints = {2, 3}, .target = 4};
+    cr_assert_null(call("max_dim_backward", 2, idx, gy, NULL, &bad_dim));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    tg_op_attrs huge = {.nints = 2, .ints = {2, -8}, .target = 0};
+    cr_assert_null(call("max_dim_backward", 2, idx, gy, NULL, &huge));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+
+    /* cross_entropy_backward(logp, targets, g) */
+    tg_tensor *t = I64((2), 0, 9), *g = tg_scalar(TG_F64, 1);
+    cr_assert_null(call("cross_entropy_backward", 3, i, t, tg_scalar(TG_I64, 1), NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear();
+    cr_assert_null(call("cross_entropy_backward", 3, f, t, g, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("(target 9 at index 1 outside [0,2))");
+    tg_error_clear();
+    cr_assert_null(call("cross_entropy_backward", 3, f, I64((3), 0, 0, 0), g, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+
+    /* reshape's shape attribute is checked as a creation shape. */
+    tg_tensor *empty = tg_zeros(TG_F64, 1, SHAPE(0));
+    tg_op_attrs neg = {.nints = 2, .ints = {-1, 0}};
+    cr_assert_null(call("reshape", 1, empty, NULL, NULL, &neg));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tu_expect_message_has("bad argument to 'reshape' (dim 0 has negative size -1)");
+    tg_error_clear();
+    tg_op_attrs neg2 = {.nints = 2, .ints = {-2, -1}};
+    cr_assert_null(call("expand", 1, T64((1), 1), NULL, NULL, &neg2));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    tg_tensor_release(empty);
+}
