@@ -65,7 +65,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         } else if (with_opt) {
             int64_t s = tg_optim_step_count(opt);
             FUZZ_CHECK(s >= 0 && s <= TG_OPTIM_MAX_STEPS, "step count %lld", (long long)s);
-            FUZZ_CHECK(tg_optim_lr(opt) >= 0 && tg_optim_lr(opt) < 1e308, "lr %g", tg_optim_lr(opt));
+            double got = tg_optim_lr(opt);
+            FUZZ_CHECK(got >= 0 && got < 1e308, "lr %g", got);
         }
         tg_error_clear();
     }

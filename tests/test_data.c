@@ -48,7 +48,8 @@ static void expect_load(const char *bytes, size_t n, int nfeatures, tg_status wa
     }
     tg_dataset_free(want == TG_OK ? ds : NULL);
 }
-#define EXPECT_LOAD(text, f, want, needle) expect_load((text), sizeof(text) - 1, (f), (want), (needle))
+#define EXPECT_LOAD(text, f, want, needle)                                                         \
+    expect_load((text), sizeof(text) - 1, (f), (want), (needle))
 
 Test(data, digits_load_with_the_documented_size_and_labels)
 {
@@ -194,7 +195,8 @@ Test(data, labels_that_are_nan_inf_or_too_large_are_rejected_naming_line_and_col
 {
     EXPECT_LOAD("0,nan\n", 1, TG_ERR_PARSE, ":1:3: field 2 (nan) is not a finite number");
     EXPECT_LOAD("0,1\n0,-inf\n", 1, TG_ERR_PARSE, ":2:3: field 2 (-inf) is not a finite number");
-    EXPECT_LOAD("0,1e19\n", 1, TG_ERR_PARSE, ":1:3: label 1e+19 is not a class index in [0, 65536)");
+    EXPECT_LOAD("0,1e19\n", 1, TG_ERR_PARSE,
+                ":1:3: label 1e+19 is not a class index in [0, 65536)");
     EXPECT_LOAD("0, 9.3e18\n", 1, TG_ERR_PARSE, ":1:4: label");
 }
 

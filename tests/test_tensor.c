@@ -587,7 +587,8 @@ Test(tensor, arange_with_an_enormous_count_fails_with_shape)
 {
     cr_assert_null(tg_arange(TG_F32, 0, 1, 1e-300));
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
-    tu_expect_message_has("bad argument to 'arange' (1e+300 elements from 0 to 1 by 1e-300; too many)");
+    tu_expect_message_has(
+        "bad argument to 'arange' (1e+300 elements from 0 to 1 by 1e-300; too many)");
     cr_assert_null(tg_arange(TG_F64, -1e308, 1e308, 1));
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
     tu_expect_message_has("(inf elements");

@@ -73,7 +73,8 @@ static const char ops_usage[] =
     "  --markdown  print docs/ops.md instead, made from the registry\n";
 
 static const char gradcheck_usage[] =
-    "usage: tapegrad gradcheck [--backend ref|cpu|both] [--order 1|2] [--fast] [--summary] [OP...]\n"
+    "usage: tapegrad gradcheck [--backend ref|cpu|both] [--order 1|2] [--fast] [--summary]\n"
+    "                          [OP...]\n"
     "\n"
     "Gradient-check every differentiable op (or the OPs named) on the cases its\n"
     "sample function makes, against central differences in f64.\n"

@@ -143,7 +143,8 @@ static int parse(int argc, char **argv, train_opts *o)
         static const char *const known[] = {"--epochs", "--batch", "--hidden", "--seed",
                                             "--lr",     "--save",  "--data"};
         bool ok = false;
-        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) ok |= strcmp(name, known[k]) == 0;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+            ok |= strcmp(name, known[k]) == 0;
         if (!ok) {
             fprintf(stderr, "tapegrad train: unknown option '%s' (see 'tapegrad train --help')\n",
                     a);

@@ -466,8 +466,8 @@ tg_status tg_dataset_split(const tg_dataset *ds, double test_fraction, uint64_t 
     int64_t n = ds->n, *by_class = malloc((size_t)(n ? n : 1) * sizeof *by_class);
     int64_t *tr = malloc((size_t)(n ? n : 1) * sizeof *tr), *te = malloc((size_t)(n ? n : 1) * sizeof *te);
     labelled *order = malloc((size_t)(n ? n : 1) * sizeof *order);
-    tg_status st = (by_class && tr && te && order) ? TG_OK
-                                                   : tg__err(TG_ERR_NOMEM, "out of memory in split");
+    tg_status st = TG_OK;
+    if (!by_class || !tr || !te || !order) st = tg__err(TG_ERR_NOMEM, "out of memory in split");
     int64_t ntr = 0, nte = 0;
     tg_rng rng;
     tg_rng_seed(&rng, seed);
