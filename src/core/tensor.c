@@ -107,11 +107,14 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
 #endif
 static TG_THREAD_LOCAL tg_tensor *free_headers[HEADER_CACHE + 1];
 static TG_THREAD_LOCAL int nfree_headers;
+/* The cache's capacity on this thread: 0 until the thread is registered
+ * (below), so the push stays one compare, as it was before registration. */
+static TG_THREAD_LOCAL int cap_headers;
 
 /* What a thread holds (cached headers, the scope arrays) is freed when it
- * exits: the first thing it caches or allocates sets a thread-specific
- * key whose destructor frees it all. Without this, every short-lived
- * thread that used the library left about 85 KB behind. */
+ * exits: the first header it caches or the scope array it allocates sets
+ * a thread-specific key whose destructor frees it all. Without this, every
+ * short-lived thread that used the library left about 85 KB behind. */
 static pthread_key_t thread_key;
 static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
 static bool thread_key_made;
@@ -120,9 +123,12 @@ static TG_THREAD_LOCAL bool thread_registered;
 static void thread_exit(void *unused)
 {
     (void)unused;
-    thread_registered = false;
-    tg__scope_thread_exit(); /* may free headers into the cache: first */
+    tg__scope_thread_exit(); /* may cache headers: first */
     while (nfree_headers > 0) free(free_headers[--nfree_headers]);
+    /* A later destructor that uses the library registers the thread again
+     * (POSIX then runs this one once more). */
+    cap_headers = 0;
+    thread_registered = false;
 }
 
 static void thread_key_make(void)
@@ -138,12 +144,26 @@ bool tg__thread_register(void)
     return thread_registered;
 }
 
+/* A full cache, or one not opened yet on this thread: out of line. */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static void header_free_slow(tg_tensor *t)
+{
+    if (HEADER_CACHE > 0 && cap_headers == 0 && tg__thread_register()) {
+        cap_headers = HEADER_CACHE;
+        free_headers[nfree_headers++] = t;
+        return;
+    }
+    free(t);
+}
+
 static void header_free(tg_tensor *t)
 {
-    if (nfree_headers < HEADER_CACHE && (thread_registered || tg__thread_register()))
+    if (nfree_headers < cap_headers)
         free_headers[nfree_headers++] = t;
     else
-        free(t);
+        header_free_slow(t);
 }
 
 /* A header with every field zero but refcount 1, slot and node -1. The
