@@ -9,15 +9,24 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Writes data to this process's temporary file; returns its path. */
+static char fuzz_path[64];
+
+static void fuzz_file_remove(void)
+{
+    unlink(fuzz_path);
+}
+
+/* Writes data to this process's temporary file (removed at exit); returns
+ * its path. */
 static inline const char *fuzz_file(const unsigned char *data, size_t n, const char *suffix)
 {
-    static char path[64];
     static int fd = -1;
+    const char *path = fuzz_path;
     if (fd < 0) {
-        snprintf(path, sizeof path, "/tmp/tg_fuzz_XXXXXX%s", suffix);
-        fd = mkstemps(path, (int)strlen(suffix));
+        snprintf(fuzz_path, sizeof fuzz_path, "/tmp/tg_fuzz_XXXXXX%s", suffix);
+        fd = mkstemps(fuzz_path, (int)strlen(suffix));
         if (fd < 0) abort();
+        atexit(fuzz_file_remove);
     }
     if (ftruncate(fd, 0) != 0 || pwrite(fd, data, n, 0) != (ssize_t)n) abort();
     return path;
