@@ -14,16 +14,42 @@ static char *digits_path(void)
     return buf;
 }
 
-static char *write_tmp(const char *text)
+static char *write_tmp_n(const char *bytes, size_t n)
 {
     static char path[64];
     strcpy(path, "/tmp/tg_data_XXXXXX");
     int fd = mkstemp(path);
     cr_assert(fd >= 0);
-    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    cr_assert_eq(write(fd, bytes, n), (ssize_t)n);
     close(fd);
     return path;
 }
+
+static char *write_tmp(const char *text)
+{
+    return write_tmp_n(text, strlen(text));
+}
+
+/* Loads n bytes as a CSV of nfeatures; expects status want and, when it is
+ * an error, needle in the message. */
+static void expect_load(const char *bytes, size_t n, int nfeatures, tg_status want,
+                        const char *needle)
+{
+    char *p = write_tmp_n(bytes, n);
+    tg_dataset *ds = (tg_dataset *)1;
+    tg_status st = tg_dataset_load_csv(p, nfeatures, &ds);
+    unlink(p);
+    cr_expect_eq(st, want, "%.*s: status %d (%s), want %d", (int)n, bytes, st,
+                 tg_last_error_message(), want);
+    if (want != TG_OK) {
+        cr_expect_null(ds);
+        cr_expect(strstr(tg_last_error_message(), needle) != NULL, "%.*s: '%s' lacks '%s'",
+                  (int)n, bytes, tg_last_error_message(), needle);
+    }
+    tg_dataset_free(want == TG_OK ? ds : NULL);
+}
+#define EXPECT_LOAD(text, f, want, needle)                                                         \
+    expect_load((text), sizeof(text) - 1, (f), (want), (needle))
 
 Test(data, digits_load_with_the_documented_size_and_labels)
 {
@@ -161,4 +187,78 @@ Test(data, malformed_files_fail_with_specific_codes_and_line_numbers)
     }
     cr_assert_eq(tg_dataset_load_csv(NULL, 2, &ds), TG_ERR_NULL);
     cr_assert_eq(tg_dataset_load_csv("x", 0, &ds), TG_ERR_INVALID);
+}
+
+/* Issue 15 item 2: a label is cast to i64 only once known to be a class
+ * index, so NaN, inf and 1e19 are errors naming line and column. */
+Test(data, labels_that_are_nan_inf_or_too_large_are_rejected_naming_line_and_column)
+{
+    EXPECT_LOAD("0,nan\n", 1, TG_ERR_PARSE, ":1:3: field 2 (nan) is not a finite number");
+    EXPECT_LOAD("0,1\n0,-inf\n", 1, TG_ERR_PARSE, ":2:3: field 2 (-inf) is not a finite number");
+    EXPECT_LOAD("0,1e19\n", 1, TG_ERR_PARSE,
+                ":1:3: label 1e+19 is not a class index in [0, 65536)");
+    EXPECT_LOAD("0, 9.3e18\n", 1, TG_ERR_PARSE, ":1:4: label");
+}
+
+/* Item 3: the class count is bounded (TG_DATASET_MAX_CLASSES), and a split
+ * costs the same whatever the largest label is. */
+Test(data, class_count_is_bounded_and_split_visits_only_present_classes)
+{
+    EXPECT_LOAD("0,1e12\n1,0\n", 1, TG_ERR_PARSE, ":1:3: label 1e+12 is not a class index");
+    EXPECT_LOAD("0,65536\n", 1, TG_ERR_PARSE, "[0, 65536)");
+    int64_t y[4] = {65535, 0, 65535, 0};
+    float x[4] = {1, 2, 3, 4};
+    tg_dataset *ds = (tg_dataset *)1, *tr, *te;
+    int64_t big[1] = {1000000000000};
+    cr_assert_eq(tg_dataset_from_arrays(1, 1, x, big, &ds), TG_ERR_INVALID);
+    cr_assert_null(ds);
+    cr_assert(strstr(tg_last_error_message(), "label 1000000000000 at row 0 is not a class index"));
+    cr_assert_eq(tg_dataset_from_arrays(4, 1, x, y, &ds), TG_OK);
+    cr_assert_eq(tg_dataset_classes(ds), TG_DATASET_MAX_CLASSES);
+    cr_assert_eq(tg_dataset_split(ds, 0.5, 3, &tr, &te), TG_OK);
+    cr_assert_eq(tg_dataset_size(tr), 2);
+    cr_assert_eq(tg_dataset_size(te), 2);
+    double a, b;
+    tg_tensor_get(tg_dataset_y(te), 0, &a);
+    tg_tensor_get(tg_dataset_y(te), 1, &b);
+    cr_assert(a + b == 65535.0, "one test row per class: %g %g", a, b);
+    tg_dataset_free(tr);
+    tg_dataset_free(te);
+    tg_dataset_free(ds);
+}
+
+/* Item 14: one rule per quirk (docs/api.md, "data.h"), and every rejection
+ * names path:line:column. */
+Test(data, csv_quirks_follow_one_documented_rule_each)
+{
+    /* A NUL byte is an error, not the end of the line. */
+    EXPECT_LOAD("0,1\n1,\0002\n", 1, TG_ERR_PARSE, ":2:3: NUL byte");
+    /* Features: finite and within f32; below its range they become 0. */
+    EXPECT_LOAD("1e-400,0\n", 1, TG_OK, NULL);
+    EXPECT_LOAD("1e39,0\n", 1, TG_ERR_PARSE, ":1:1: field 1 (1e+39) does not fit in f32");
+    EXPECT_LOAD("0,0\n1000000000000000000000000000000000000000000000000000000000000000000000000"
+                "0000000000000000000,1\n", 1, TG_ERR_PARSE, ":2:1: field 1 (1e+91) does not fit");
+    EXPECT_LOAD("1e400,0\n", 1, TG_ERR_PARSE, ":1:1: field 1 (1e400) is not a finite number");
+    EXPECT_LOAD("nan,0\n", 1, TG_ERR_PARSE, ":1:1: field 1 (nan) is not a finite number");
+    EXPECT_LOAD("1,INF,0\n", 2, TG_ERR_PARSE, ":1:3: field 2 (INF) is not a finite number");
+    EXPECT_LOAD("1,2;0\n", 2, TG_ERR_PARSE, ":1:4: 2 fields, need 2 features and a label");
+    EXPECT_LOAD("1,2,0 x\n", 2, TG_ERR_PARSE, ":1:7: more than 3 fields");
+    /* gzip: members may follow one another; anything else after is an error. */
+    static const char m1[] = "\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\x03\x33\xd4\x31\xd2\x31\xe0"
+                             "\x02\x00\xed\xe7\x33\x2e\x06\x00\x00\x00";
+    static const char m2[] = "\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\x03\x33\xd6\x31\xd1\x31\xe4"
+                             "\x02\x00\x7b\x28\x8b\x5f\x06\x00\x00\x00";
+    char buf[64];
+    memcpy(buf, m1, 26);
+    expect_load(buf, 26, 2, TG_OK, NULL);
+    memcpy(buf + 26, m2, 26);
+    char *p = write_tmp_n(buf, 52);
+    tg_dataset *ds = NULL;
+    cr_assert_eq(tg_dataset_load_csv(p, 2, &ds), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_dataset_size(ds), 2);
+    tg_dataset_free(ds);
+    unlink(p);
+    memcpy(buf + 26, "junk", 4);
+    expect_load(buf, 30, 2, TG_ERR_PARSE, "4 bytes after the end of the gzip stream (at byte 26)");
+    expect_load(buf, 20, 2, TG_ERR_IO, "truncated");
 }

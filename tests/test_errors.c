@@ -620,3 +620,156 @@ Test(errors, last_error_is_per_thread)
     cr_assert_eq(tg_last_error(), TG_ERR_SHAPE, "the thread's error leaked into the main thread");
     tu_expect_message_has("'add'");
 }
+
+/* ---- Issue 15 items 11-13: messages that name the right op and problem. */
+
+/* |x| as sqrt(x * x): at 0 the analytic gradient is inf * 0 = NaN, the
+ * numeric one 0. */
+static tg_tensor *abs_by_sqrt(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud;
+    (void)n;
+    return tg_sqrt(tg_mul(in[0], in[0]));
+}
+
+Test(errors, gradcheck_of_a_nan_gradient_says_nan_and_where)
+{
+    tg_tensor *x = T64((3), 1, 0, 2);
+    tg_gradcheck_result res[1];
+    cr_assert_eq(tg_gradcheck(abs_by_sqrt, NULL, 1, &x, NULL, res), TG_ERR_GRADCHECK);
+    cr_assert(isnan(res[0].max_abs_err), "max abs error %g", res[0].max_abs_err);
+    cr_assert_eq(res[0].worst_index, 1);
+    tu_expect_message_has("nan, max rel error ");
+    tu_expect_message_has("worst at index 1: analytic ");
+    tu_expect_message_has("nan, numeric 0 (NaN)");
+    tg_error_clear();
+}
+
+Test(errors, transpose_errors_name_transpose_and_its_arguments)
+{
+    tg_tensor *x = T64((2, 2), 1, 2, 3, 4);
+    cr_assert_null(tg_transpose(x, 0, 5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("bad argument #3 to 'transpose' (dim 5 out of range for 2 dims)");
+    tg_error_clear();
+    cr_assert_null(tg_transpose(x, -3, 0));
+    tu_expect_message_has("bad argument #2 to 'transpose' (dim -3");
+    tg_error_clear();
+}
+
+Test(errors, empty_dims_on_i64_name_the_reduction)
+{
+    tg_tensor *x = I64((2), 1, 2);
+    cr_assert_null(tg_sum_dims(x, 0, NULL, false));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tu_expect_message_has("to 'sum'");
+    tg_error_clear();
+    cr_assert_null(tg_mean_dims(x, 0, NULL, true));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tu_expect_message_has("to 'mean'");
+    tg_error_clear();
+}
+
+Test(errors, null_arrays_fail_with_null_not_a_count)
+{
+    cr_assert_null(tg_concat(2, NULL, 0));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tu_expect_message_has("bad argument #2 to 'concat' (NULL tensor array)");
+    tg_error_clear();
+    const tg_op *relu = tg_op_find("relu");
+    cr_assert_not_null(relu);
+    cr_assert_null(tg_op_call(relu, 1, NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tu_expect_message_has("bad argument #3 to 'op_call' (NULL input array for 'relu')");
+    tg_error_clear();
+    tg_tensor *x = T64((1), 1);
+    cr_assert_null(tg_to_device(x, (tg_backend)5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("bad argument #2 to 'to_device' (no backend 5)");
+    tg_error_clear();
+}
+
+Test(errors, an_invalid_backend_is_an_error_everywhere)
+{
+    tg_backend before = tg_default_backend();
+    cr_assert_eq(tg_set_default_backend((tg_backend)7), before);
+    cr_assert_eq(tg_default_backend(), before);
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("bad argument #1 to 'set_default_backend' (no backend 7)");
+    tg_error_clear();
+    tg_op_check rep;
+    cr_assert_eq(tg_gradcheck_op(tg_op_find("relu"), (tg_backend)7, NULL, &rep), TG_ERR_INVALID);
+    tu_expect_message_has("bad argument #2 to 'gradcheck_op' (no backend 7)");
+    cr_assert_eq(rep.cases, 0);
+    cr_assert_eq(tg_gradgradcheck_op(tg_op_find("relu"), (tg_backend)-1, NULL, NULL),
+                 TG_ERR_INVALID);
+    tg_error_clear();
+}
+
+/* ---- Registry entries called directly (tg_op_call) check what their
+ * public wrappers would have checked: each case reached a missing kernel
+ * or wrote out of bounds before (found by fuzz/fuzz_ops). */
+static tg_tensor *call(const char *name, int n, tg_tensor *a, tg_tensor *b, tg_tensor *c,
+                       const tg_op_attrs *attrs)
+{
+    tg_tensor *in[3] = {a, b, c};
+    const tg_op *op = tg_op_find(name);
+    cr_assert_not_null(op, "%s", name);
+    return tg_op_call(op, n, in, attrs);
+}
+
+Test(errors, internal_backward_ops_called_directly_check_their_inputs)
+{
+    tg_tensor *i = I64((2, 2), 0, 1, 1, 0), *f = T64((2, 2), 0.1, 0.2, 0.3, 0.4);
+    tg_op_attrs dim0 = {.nints = 1, .ints = {0}};
+    cr_assert_null(call("softmax_backward", 2, i, i, NULL, &dim0));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tu_expect_message_has("'softmax_backward'");
+    tg_error_clear();
+    tg_op_attrs dim5 = {.nints = 1, .ints = {5}};
+    cr_assert_null(call("log_softmax_backward", 2, f, f, NULL, &dim5));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("(dim 5 out of range for 2 dims)");
+    tg_error_clear();
+
+    /* max_dim_backward(idx, gy): the indices must fit the target shape. */
+    tg_tensor *idx = I64((2), 0, 7), *gy = T64((2), 1, 1);
+    tg_op_attrs tgt = {.nints = 2, .ints = {2, 3}, .target = 1};
+    cr_assert_null(call("max_dim_backward", 2, idx, gy, NULL, &tgt));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("(index 7 at position 1 outside [0, 3))");
+    tg_error_clear();
+    tg_op_attrs bad_dim = {.nints = 2, .ints = {2, 3}, .target = 4};
+    cr_assert_null(call("max_dim_backward", 2, idx, gy, NULL, &bad_dim));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    tg_op_attrs huge = {.nints = 2, .ints = {2, -8}, .target = 0};
+    cr_assert_null(call("max_dim_backward", 2, idx, gy, NULL, &huge));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+
+    /* cross_entropy_backward(logp, targets, g) */
+    tg_tensor *t = I64((2), 0, 9), *g = tg_scalar(TG_F64, 1);
+    cr_assert_null(call("cross_entropy_backward", 3, i, t, tg_scalar(TG_I64, 1), NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear();
+    cr_assert_null(call("cross_entropy_backward", 3, f, t, g, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tu_expect_message_has("(target 9 at index 1 outside [0,2))");
+    tg_error_clear();
+    cr_assert_null(call("cross_entropy_backward", 3, f, I64((3), 0, 0, 0), g, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+
+    /* reshape's shape attribute is checked as a creation shape. */
+    tg_tensor *empty = tg_zeros(TG_F64, 1, SHAPE(0));
+    tg_op_attrs neg = {.nints = 2, .ints = {-1, 0}};
+    cr_assert_null(call("reshape", 1, empty, NULL, NULL, &neg));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tu_expect_message_has("bad argument to 'reshape' (dim 0 has negative size -1)");
+    tg_error_clear();
+    tg_op_attrs neg2 = {.nints = 2, .ints = {-2, -1}};
+    cr_assert_null(call("expand", 1, T64((1), 1), NULL, NULL, &neg2));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear(); /* the suite's scope releases the tensors */
+}

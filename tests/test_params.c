@@ -590,3 +590,104 @@ Test(params, saves_are_atomic_and_replace_the_file, .init = make_tmpdir, .fini =
     tg_params_free(ps);
     tg_error_clear();
 }
+
+/* Writes buf (n bytes) to path. */
+static void spit(const char *path, const unsigned char *buf, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(buf, 1, n, f), n);
+    fclose(f);
+}
+
+/* In a saved file's bytes: the data of tensor name (8 bytes). */
+static unsigned char *tensor_bytes(unsigned char *buf, const char *name)
+{
+    char key[128];
+    snprintf(key, sizeof key, "\"%s\":", name);
+    char *h = strstr((char *)buf + 8, key);
+    cr_assert_not_null(h, "%s", name);
+    unsigned long long begin = 0;
+    cr_assert_eq(sscanf(strstr(h, "\"data_offsets\":[") + 16, "%llu", &begin), 1);
+    uint64_t hlen = 0;
+    for (int b = 0; b < 8; b++) hlen |= (uint64_t)buf[b] << (8 * b);
+    return buf + 8 + hlen + begin;
+}
+
+/* Issue 15 items 4 and 5: a file's lr is checked as tg_optim_set_lr checks
+ * it, and its step counts must be in [0, 2^53]: each bad file fails with
+ * TG_ERR_HEADER naming the value, and the optimizer keeps its state. */
+Test(params, optimizer_lr_and_step_counts_in_a_file_are_validated, .init = make_tmpdir,
+     .fini = remove_tmpdir)
+{
+    tg_params *ps, *qs;
+    tg_optim *opt, *qopt;
+    model(1, 2, &ps, &opt);
+    model(2, 1, &qs, &qopt);
+    cr_assert_eq(tg_params_save(ps, opt, tmp_path("a")), TG_OK, "%s", tg_last_error_message());
+    size_t n;
+    unsigned char *good = slurp(tmp_path("a"), &n), *buf = malloc(n);
+    static const char *const lrs[] = {"inf", "nan", "-1", "1e999"};
+    for (int k = 0; k < 4; k++) {
+        memcpy(buf, good, n);
+        char *v = strstr((char *)buf + 8, "\"optim.lr\":\"") + 12;
+        size_t len = (size_t)(strchr(v, '"') - v); /* "0.001": room for each */
+        cr_assert_geq(len, strlen(lrs[k]));
+        memset(v, ' ', len + 1);
+        memcpy(v, lrs[k], strlen(lrs[k]));
+        v[strlen(lrs[k])] = '"';
+        spit(tmp_path("b"), buf, n);
+        cr_expect_eq(tg_params_load(qs, qopt, tmp_path("b")), TG_ERR_HEADER, "lr %s", lrs[k]);
+        cr_expect(strstr(tg_last_error_message(), "\"optim.lr\" is missing or not a finite "
+                                                  "number >= 0"), "%s", tg_last_error_message());
+        cr_expect_eq(tg_optim_lr(qopt), tg_optim_defaults(TG_OPTIM_ADAM).lr);
+    }
+    static const struct { const char *name; int64_t v; const char *needle; } steps[] = {
+        {"optim/steps", INT64_MAX, "step count 9223372036854775807, outside [0, 2^53]"},
+        {"optim/steps", -1, "'optim/steps' holds step count -1"},
+        {"optim/step/fc.weight", -5, "'optim/step/fc.weight' holds step count -5"},
+        {"optim/step/fc.bias", ((int64_t)1 << 53) + 1, "9007199254740993"},
+    };
+    for (int k = 0; k < 4; k++) {
+        memcpy(buf, good, n);
+        unsigned char *p = tensor_bytes(buf, steps[k].name);
+        for (int b = 0; b < 8; b++) p[b] = (unsigned char)((uint64_t)steps[k].v >> (8 * b));
+        spit(tmp_path("b"), buf, n);
+        cr_expect_eq(tg_params_load(qs, qopt, tmp_path("b")), TG_ERR_HEADER, "%s", steps[k].name);
+        cr_expect(strstr(tg_last_error_message(), steps[k].needle), "%s", tg_last_error_message());
+        cr_expect_eq(tg_optim_step_count(qopt), 1);
+    }
+    /* The largest allowed count loads and steps on. */
+    memcpy(buf, good, n);
+    unsigned char *p = tensor_bytes(buf, "optim/steps");
+    for (int b = 0; b < 8; b++) p[b] = (unsigned char)((uint64_t)TG_OPTIM_MAX_STEPS >> (8 * b));
+    spit(tmp_path("b"), buf, n);
+    cr_expect_eq(tg_params_load(qs, qopt, tmp_path("b")), TG_OK, "%s", tg_last_error_message());
+    cr_expect_eq(tg_optim_step_count(qopt), TG_OPTIM_MAX_STEPS);
+    free(good);
+    free(buf);
+    tg_optim_free(opt);
+    tg_optim_free(qopt);
+    tg_params_free(ps);
+    tg_params_free(qs);
+    tg_error_clear();
+}
+
+/* Item 15: only regular files are read: a FIFO no longer blocks, and
+ * /dev/zero is not "truncated". */
+Test(params, loading_a_fifo_or_a_device_fails_at_once, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tg_params *ps = target();
+    cr_assert_eq(mkfifo(tmp_path("fifo"), 0600), 0);
+    cr_expect_eq(tg_params_load(ps, NULL, tmp_path("fifo")), TG_ERR_IO);
+    cr_expect(strstr(tg_last_error_message(), "not a regular file (a FIFO)"), "%s",
+              tg_last_error_message());
+    cr_expect_eq(tg_params_load(ps, NULL, "/dev/zero"), TG_ERR_IO);
+    cr_expect(strstr(tg_last_error_message(), "'/dev/zero': not a regular file (a character "
+                                              "device)"), "%s", tg_last_error_message());
+    cr_expect_eq(tg_params_load(ps, NULL, "/"), TG_ERR_IO);
+    cr_expect(strstr(tg_last_error_message(), "(a directory)"), "%s", tg_last_error_message());
+    expect_unchanged(ps);
+    tg_params_free(ps);
+    tg_error_clear();
+}

@@ -580,3 +580,69 @@ Test(tensor, mem_allocator_is_named)
     const char *name = tg_mem_allocator();
     cr_assert(strcmp(name, "jemalloc") == 0 || strcmp(name, "malloc") == 0, "allocator '%s'", name);
 }
+
+/* Issue 15 item 7: an element count past i64 is an error, not a cast of
+ * an out-of-range double. */
+Test(tensor, arange_with_an_enormous_count_fails_with_shape)
+{
+    cr_assert_null(tg_arange(TG_F32, 0, 1, 1e-300));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tu_expect_message_has(
+        "bad argument to 'arange' (1e+300 elements from 0 to 1 by 1e-300; too many)");
+    cr_assert_null(tg_arange(TG_F64, -1e308, 1e308, 1));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tu_expect_message_has("(inf elements");
+    tg_error_clear();
+}
+
+/* Item 8: a zero-size dim does not switch the overflow check off (the
+ * strides of the other dims would overflow). */
+Test(tensor, a_zero_size_dim_does_not_hide_an_overflowing_shape)
+{
+    int64_t big[3] = {0, INT64_MAX, INT64_MAX};
+    cr_assert_null(tg_zeros(TG_F32, 3, big));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tu_expect_message_has("bad argument to 'zeros' (shape too large)");
+    tg_params *ps = tg_params_new();
+    cr_assert_null(tg_params_add(ps, "w", TG_F32, 3, big));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tu_expect_message_has("(shape too large)");
+    tg_params_free(ps);
+    tg_error_clear();
+    tg_tensor *ok = tg_zeros(TG_F32, 3, SHAPE(0, 1 << 20, 1 << 20));
+    cr_assert_not_null(ok, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tensor_numel(ok), 0);
+    tg_tensor_release(ok);
+}
+
+/* Item 9: float -> i64 saturates (NaN gives 0), the same on both backends
+ * and in tg_full. */
+static void check_saturating_cast(void)
+{
+    static const double v[] = {NAN, INFINITY, -INFINITY, 1e19, -1e19, 2.9, -2.9, 9.2e18, -0.5};
+    static const int64_t want[] = {0, INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN, 2, -2,
+                                   9200000000000000000, 0};
+    for (int d = 0; d < 2; d++) {
+        tg_dtype dt = d ? TG_F32 : TG_F64;
+        tg_tensor *x = tu_tensor(dt, 1, SHAPE(9), v), *y = tg_cast(x, TG_I64);
+        cr_assert_not_null(y, "%s", tg_last_error_message());
+        int64_t got[9];
+        cr_assert_eq(tg_tensor_copy_out(y, got, sizeof got), TG_OK);
+        for (int i = 0; i < 9; i++) {
+            /* 9.2e18 is not an f32: compare with the f32 value's conversion */
+            int64_t w = (dt == TG_F32 && i == 7) ? 9200000267938955264 : want[i];
+            cr_expect_eq(got[i], w, "%s %g -> %lld, want %lld", tg_dtype_name(dt), v[i],
+                         (long long)got[i], (long long)w);
+        }
+    }
+    tg_tensor *f = tg_full(TG_I64, 1, SHAPE(2), NAN), *g = tg_full(TG_I64, 0, NULL, -1e300);
+    int64_t a[2], b;
+    tg_tensor_copy_out(f, a, sizeof a);
+    tg_tensor_copy_out(g, &b, sizeof b);
+    cr_expect(a[0] == 0 && a[1] == 0 && b == INT64_MIN); /* the scope releases them all */
+}
+
+Test(tensor, float_to_i64_casts_saturate_and_nan_gives_zero)
+{
+    tu_on_both_backends(check_saturating_cast);
+}

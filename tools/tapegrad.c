@@ -4,6 +4,7 @@
  * (the library never prints). Exit status: 0 success, 1 a check or a
  * library call failed, 2 usage error. */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,24 @@ int cli_lib_error(const char *cmd, const char *what)
     return CLI_FAIL;
 }
 
+static const char ops_usage[] =
+    "usage: tapegrad ops [--markdown]\n"
+    "\n"
+    "List the op registry: name, arity, backward, cost class, doc.\n"
+    "  --markdown  print docs/ops.md instead, made from the registry\n";
+
+static const char gradcheck_usage[] =
+    "usage: tapegrad gradcheck [--backend ref|cpu|both] [--order 1|2] [--fast] [--summary]\n"
+    "                          [OP...]\n"
+    "\n"
+    "Gradient-check every differentiable op (or the OPs named) on the cases its\n"
+    "sample function makes, against central differences in f64.\n"
+    "  --backend B  ref, cpu or both (default both)\n"
+    "  --order N    1: gradients (default); 2: second derivatives\n"
+    "  --fast       compare random directional derivatives only\n"
+    "  --summary    print only failures and the totals\n"
+    "exit status: 0 all passed, 1 a check failed, 2 usage error\n";
+
 /* True when any argument of a command asks for help. */
 static bool wants_help(int argc, char **argv)
 {
@@ -75,8 +94,9 @@ static bool wants_help(int argc, char **argv)
 
 static int unknown_option(const char *cmd, const char *arg)
 {
-    fprintf(stderr, "tapegrad %s: unknown option '%s'\n\n", cmd, arg);
-    return usage(stderr, CLI_USAGE);
+    fprintf(stderr, "tapegrad %s: unknown option '%s' (see 'tapegrad %s --help')\n", cmd, arg,
+            cmd);
+    return CLI_USAGE;
 }
 
 /* ---- ops --markdown: docs/ops.md, generated from the registry alone, in
@@ -281,7 +301,7 @@ static int cmd_ops_markdown(void)
 /* ---- ops */
 static int cmd_ops(int argc, char **argv)
 {
-    if (wants_help(argc, argv)) return usage(stdout, CLI_OK);
+    if (wants_help(argc, argv)) return fputs(ops_usage, stdout) < 0 ? CLI_FAIL : CLI_OK;
     bool markdown = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--markdown") != 0) return unknown_option("ops", argv[i]);
@@ -313,7 +333,7 @@ static int cmd_ops(int argc, char **argv)
 static int cmd_gradcheck(int argc, char **argv)
 {
     static const char *const cmd = "gradcheck";
-    if (wants_help(argc, argv)) return usage(stdout, CLI_OK);
+    if (wants_help(argc, argv)) return fputs(gradcheck_usage, stdout) < 0 ? CLI_FAIL : CLI_OK;
     bool use[TG_BACKEND_COUNT] = {true, true};
     bool summary = false; /* one screen: failures and totals only */
     double worst_abs = 0, worst_rel = 0;
@@ -443,6 +463,9 @@ static int cmd_bench(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* A save past `ulimit -f` then fails with EFBIG and cleans up its
+     * temporary file, instead of the process dying of SIGXFSZ mid-write. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) return usage(stderr, CLI_USAGE);
     const char *c = argv[1];
     if (strcmp(c, "help") == 0 || strcmp(c, "--help") == 0 || strcmp(c, "-h") == 0)

@@ -5,10 +5,12 @@
  * lines otherwise. After training it saves the parameters, reloads them
  * into a fresh model and checks that its test logits (hence accuracy) are
  * bitwise the same. Same seed, same run, on every machine. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <tapegrad.h>
 #include <time.h>
 #include <unistd.h>
@@ -113,48 +115,136 @@ static bool params_finite(tg_params *ps)
     return ok;
 }
 
+static const char train_usage[] =
+    "usage: tapegrad train digits [--epochs N] [--lr X] [--seed S] [--batch B] [--hidden H]\n"
+    "                             [--save FILE] [--data CSV] [--quiet]\n"
+    "\n"
+    "Train an MLP 64-H-10 (ReLU, Adam) on the 8x8 digits, report the test accuracy, save the\n"
+    "parameters, reload them into a fresh model and check its logits are bitwise the same.\n"
+    "  --epochs N   passes over the training split (default 20, 1..100000)\n"
+    "  --lr X       Adam learning rate (default 0.001, > 0)\n"
+    "  --seed S     seed of the split, the initial weights and the shuffles (default 0)\n"
+    "  --batch B    mini-batch size (default 32, 1..1048576)\n"
+    "  --hidden H   hidden units (default 128, 1..65536)\n"
+    "  --save FILE  where to save the parameters (default digits-mlp.safetensors; checked\n"
+    "               to be writable before training)\n"
+    "  --data CSV   the data set, 64 features and a label per row, plain or gzip (default\n"
+    "               data/digits.csv.gz)\n"
+    "  --quiet      no per-epoch lines\n"
+    "Options take their value as the next argument or after '=' (--epochs=3).\n"
+    "exit status: 0 success, 1 a library call or the reload check failed, 2 usage error\n";
+
+/* Parses the options after "train digits"; CLI_USAGE after one message. */
 static int parse(int argc, char **argv, train_opts *o)
 {
     static const char *const cmd = "train";
     for (int i = 2; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i], *v = NULL;
+        char name[32];
+        const char *eq = strchr(a, '=');
+        if (strncmp(a, "--", 2) == 0 && eq && (size_t)(eq - a) < sizeof name) {
+            snprintf(name, sizeof name, "%.*s", (int)(eq - a), a); /* --opt=value */
+            v = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%.31s", a);
+        }
+        if (strcmp(name, "--quiet") == 0 && !v) {
+            o->quiet = true;
+            continue;
+        }
+        static const char *const known[] = {"--epochs", "--batch", "--hidden", "--seed",
+                                            "--lr",     "--save",  "--data"};
+        bool ok = false;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+            ok |= strcmp(name, known[k]) == 0;
+        if (!ok) {
+            fprintf(stderr, "tapegrad train: unknown option '%s' (see 'tapegrad train --help')\n",
+                    a);
+            return CLI_USAGE;
+        }
+        if (!v) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "tapegrad train: %s needs a value\n", name);
+                return CLI_USAGE;
+            }
+            v = argv[++i];
+        }
         int64_t iv;
-        if (strcmp(a, "--epochs") == 0 && cli_parse_int(cmd, a, v, 1, 100000, &iv)) o->epochs = iv;
-        else if (strcmp(a, "--batch") == 0 && cli_parse_int(cmd, a, v, 1, 1 << 20, &iv)) o->batch = iv;
-        else if (strcmp(a, "--hidden") == 0 && cli_parse_int(cmd, a, v, 1, 1 << 16, &iv)) o->hidden = iv;
-        else if (strcmp(a, "--seed") == 0 && cli_parse_int(cmd, a, v, 0, INT64_MAX, &iv)) o->seed = iv;
-        else if (strcmp(a, "--lr") == 0 && v) {
+        if (strcmp(name, "--epochs") == 0) {
+            if (!cli_parse_int(cmd, name, v, 1, 100000, &iv)) return CLI_USAGE;
+            o->epochs = iv;
+        } else if (strcmp(name, "--batch") == 0) {
+            if (!cli_parse_int(cmd, name, v, 1, 1 << 20, &iv)) return CLI_USAGE;
+            o->batch = iv;
+        } else if (strcmp(name, "--hidden") == 0) {
+            if (!cli_parse_int(cmd, name, v, 1, 1 << 16, &iv)) return CLI_USAGE;
+            o->hidden = iv;
+        } else if (strcmp(name, "--seed") == 0) {
+            if (!cli_parse_int(cmd, name, v, 0, INT64_MAX, &iv)) return CLI_USAGE;
+            o->seed = iv;
+        } else if (strcmp(name, "--lr") == 0) {
             char *end;
             o->lr = strtod(v, &end);
-            if (*end || !(o->lr > 0) || !isfinite(o->lr)) {
+            if (!*v || *end || !(o->lr > 0) || !isfinite(o->lr)) {
                 fprintf(stderr, "tapegrad train: --lr needs a positive number, got '%s'\n", v);
                 return CLI_USAGE;
             }
-        } else if (strcmp(a, "--save") == 0 && v) o->save = v;
-        else if (strcmp(a, "--data") == 0 && v) o->data = v;
-        else if (strcmp(a, "--quiet") == 0) {
-            o->quiet = true;
-            continue;
+        } else if (strcmp(name, "--save") == 0) {
+            o->save = v;
         } else {
-            fprintf(stderr, "tapegrad train: bad or unknown option '%s'\n", a);
-            return CLI_USAGE;
+            o->data = v;
         }
-        i++;
     }
     return CLI_OK;
+}
+
+/* Whether the parameters can be saved to path: creates and removes a file
+ * beside it, as the save's temporary file will be, so that a bad --save
+ * is found before training rather than after. */
+static bool save_path_ok(const char *path)
+{
+    size_t len = strlen(path);
+    char *probe = malloc(len + 16);
+    if (!probe) return false;
+    snprintf(probe, len + 16, "%s.probe.XXXXXX", path);
+    int fd = mkstemp(probe);
+    int err = errno;
+    if (fd >= 0) {
+        close(fd);
+        unlink(probe);
+    }
+    free(probe);
+    if (fd < 0) {
+        fprintf(stderr, "tapegrad train: cannot write '%s' (--save): %s\n", path, strerror(err));
+        return false;
+    }
+    return true;
 }
 
 int cli_train(int argc, char **argv)
 {
     train_opts o = {.epochs = 20, .batch = 32, .hidden = 128, .seed = 0, .lr = 1e-3,
                     .data = NULL, .save = "digits-mlp.safetensors"};
-    if (argc < 2 || strcmp(argv[1], "digits") != 0) {
-        fprintf(stderr, "usage: tapegrad train digits [--epochs N] [--lr X] [--seed S] "
-                        "[--batch B] [--hidden H] [--save FILE] [--data CSV] [--quiet]\n");
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)
+            return fputs(train_usage, stdout) < 0 ? CLI_FAIL : CLI_OK;
+    if (argc < 2) {
+        fputs(train_usage, stderr);
+        return CLI_USAGE;
+    }
+    if (strcmp(argv[1], "digits") != 0) {
+        fprintf(stderr, "tapegrad train: unknown data set '%s'; the one bundled is 'digits' (see "
+                        "'tapegrad train --help')\n", argv[1]);
         return CLI_USAGE;
     }
     int st = parse(argc, argv, &o);
     if (st) return st;
+    struct stat sb;
+    if (stat(o.save, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "tapegrad train: cannot write '%s' (--save): it is a directory\n", o.save);
+        return CLI_FAIL;
+    }
+    if (!save_path_ok(o.save)) return CLI_FAIL;
     const char *path = o.data;
     if (!path) path = access("data/digits.csv.gz", R_OK) == 0 ? "data/digits.csv.gz"
                                                             : TG_DATA_DIR "/digits.csv.gz";

@@ -9,13 +9,19 @@
 /* Opaque: N samples of F f32 features and one i64 class label each. */
 typedef struct tg_dataset tg_dataset;
 
+/* Labels are class indices in [0, TG_DATASET_MAX_CLASSES). */
+#define TG_DATASET_MAX_CLASSES 65536
+
 /* Reads a CSV file, plain or gzip-compressed (detected from the content),
- * where every row is nfeatures numbers followed by an integer label >= 0.
- * Blank lines are skipped. TG_ERR_IO if the file cannot be read,
- * TG_ERR_PARSE (with the line number) for a malformed row. On success
- * *out is a new data set (tg_dataset_free). */
+ * where every row is nfeatures finite numbers that fit in f32 followed by
+ * an integer label in [0, TG_DATASET_MAX_CLASSES). Blank lines are
+ * skipped. TG_ERR_IO if the file cannot be read or its gzip data is
+ * corrupt, TG_ERR_PARSE (with path:line:column) for a malformed row, a NUL
+ * byte or bytes after the gzip stream. On success *out is a new data set
+ * (tg_dataset_free). The rules in full: docs/api.md. */
 tg_status tg_dataset_load_csv(const char *path, int nfeatures, tg_dataset **out);
-/* New data set copying n rows: x (n*nfeatures row-major), y (n labels). */
+/* New data set copying n rows: x (n*nfeatures row-major), y (n labels,
+ * each in [0, TG_DATASET_MAX_CLASSES), else TG_ERR_INVALID). */
 tg_status tg_dataset_from_arrays(int64_t n, int nfeatures, const float *x, const int64_t *y,
                                  tg_dataset **out);
 void tg_dataset_free(tg_dataset *ds);

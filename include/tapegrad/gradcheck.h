@@ -31,7 +31,9 @@ typedef struct tg_gradcheck_result {
  * differences in f64 against tg_backward. All floating inputs must be f64
  * (TG_ERR_DTYPE) and are left unchanged. results has n entries (may be NULL).
  * Returns TG_OK when every checked input passes, TG_ERR_GRADCHECK when one
- * fails (results say which), or the error of fn or backward. */
+ * fails (results say which; the message gives both sides at the worst
+ * index, and a NaN on either side makes the errors NaN, never 0), or the
+ * error of fn or backward. */
 tg_status tg_gradcheck(tg_gradcheck_fn fn, void *userdata, int n,
                        tg_tensor *const *inputs, const tg_gradcheck_opts *opts,
                        tg_gradcheck_result *results);
@@ -62,7 +64,7 @@ typedef struct tg_op_check {
 
 /* Gradchecks a registered differentiable op on every case its .sample
  * function makes, with inputs created on backend. TG_ERR_INVALID if the op
- * has no backward, TG_ERR_NOT_FOUND if it has no sample (no cases),
+ * has no backward or backend does not exist, TG_ERR_NOT_FOUND if it has no sample (no cases),
  * TG_ERR_GRADCHECK if a case fails (report says which). */
 struct tg_op;
 tg_status tg_gradcheck_op(const struct tg_op *op, tg_backend backend,

@@ -25,7 +25,8 @@
  * atomically: to "<path>.tmp.XXXXXX" in the same directory, fsync, rename
  * over path, fsync the directory; a failure or crash at any point leaves
  * whatever was at path before. TG_ERR_IO (with the path and errno text),
- * TG_ERR_INVALID for a name that is not valid UTF-8. Saving the same state
+ * TG_ERR_INVALID for a name that is not valid UTF-8, TG_ERR_NOMEM when out
+ * of memory. Saving the same state
  * twice gives identical bytes. */
 tg_status tg_params_save(const tg_params *ps, const tg_optim *opt, const char *path);
 
@@ -35,9 +36,13 @@ tg_status tg_params_save(const tg_params *ps, const tg_optim *opt, const char *p
  *   TG_ERR_IO         cannot open or read the file
  *   TG_ERR_TRUNCATED  shorter than 8 bytes, or the data section is shorter
  *                     than the (otherwise consistent) offsets need
+ *   TG_ERR_IO         (also) path is not a regular file: a FIFO, a device
  *   TG_ERR_HEADER     header length larger than the file; header not a JSON
  *                     object, duplicate keys, a field missing or of the
- *                     wrong type, metadata values that are not strings
+ *                     wrong type, metadata values that are not strings; an
+ *                     "optim.lr" that tg_optim_set_lr would refuse (negative,
+ *                     NaN, inf); a step count outside [0, TG_OPTIM_MAX_STEPS]
+ *   TG_ERR_NOMEM      out of memory (while parsing the header too)
  *   TG_ERR_DTYPE      an unknown dtype ("BF16", ...), or a tensor whose dtype
  *                     differs from the parameter's
  *   TG_ERR_OFFSETS    offsets out of range, overlapping, leaving gaps or

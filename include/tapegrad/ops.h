@@ -78,10 +78,12 @@ tg_tensor *tg_log_softmax(tg_tensor *x, int dim);
 tg_tensor *tg_cross_entropy(tg_tensor *logits, tg_tensor *targets);
 tg_tensor *tg_mse_loss(tg_tensor *pred, tg_tensor *target);
 
-/* Copy to another backend; differentiable (the gradient moves back). */
+/* Copy to another backend; differentiable (the gradient moves back).
+ * TG_ERR_INVALID for a backend that does not exist. */
 tg_tensor *tg_to_device(tg_tensor *x, tg_backend backend);
 /* Convert dtype between f32 and f64 (differentiable), or to/from i64
- * (non-differentiable use only). */
+ * (non-differentiable use only). Float -> i64 truncates toward zero and
+ * saturates: NaN -> 0, >= 2^63 (inf too) -> INT64_MAX, <= -2^63 -> INT64_MIN. */
 tg_tensor *tg_cast(tg_tensor *x, tg_dtype dtype);
 
 /* ---- extended ops (training issue) ---------------------------------------

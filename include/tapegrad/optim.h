@@ -92,6 +92,10 @@ double tg_optim_lr(const tg_optim *opt);
 tg_status tg_optim_set_lr(tg_optim *opt, double lr);
 /* Number of tg_optim_step calls so far (restored by tg_params_load). */
 int64_t tg_optim_step_count(const tg_optim *opt);
+/* The largest step count (global or per parameter) a parameter file may
+ * hold: 2^53, exact as a double; tg_params_load refuses a larger or
+ * negative one with TG_ERR_HEADER. */
+#define TG_OPTIM_MAX_STEPS ((int64_t)1 << 53)
 /* The parameter set (borrowed). */
 tg_params *tg_optim_params(const tg_optim *opt);
 

@@ -27,7 +27,8 @@ const char *tg_backend_name(tg_backend backend);
 size_t tg_dtype_size(tg_dtype dtype);
 
 /* Backend used by every creation function on this thread (default cpu).
- * Returns the previous one. */
+ * Returns the previous one. An invalid backend changes nothing and sets
+ * the last error (TG_ERR_INVALID). */
 tg_backend tg_set_default_backend(tg_backend backend);
 tg_backend tg_default_backend(void);
 
@@ -40,7 +41,8 @@ tg_status tg_set_num_threads(int n);
 
 /* ---- Creation. Every function returns a new reference (see scopes below),
  * or NULL with the last error set. shape has ndim entries, 0 <= ndim <= 8,
- * each >= 0; ndim == 0 is a scalar. */
+ * each >= 0; ndim == 0 is a scalar. TG_ERR_SHAPE when the product of the
+ * nonzero dims times 16 exceeds INT64_MAX (a zero dim does not lift it). */
 
 /* Copies numel(shape) elements of dtype from data (row-major). */
 tg_tensor *tg_tensor_from_data(tg_dtype dtype, int ndim, const int64_t *shape,
@@ -50,7 +52,9 @@ tg_tensor *tg_ones(tg_dtype dtype, int ndim, const int64_t *shape);
 tg_tensor *tg_full(tg_dtype dtype, int ndim, const int64_t *shape, double value);
 /* Scalar (0-d) tensor holding value. */
 tg_tensor *tg_scalar(tg_dtype dtype, double value);
-/* 1-d tensor start, start+step, ... (< stop for step > 0, > stop for step < 0). */
+/* 1-d tensor start, start+step, ... (< stop for step > 0, > stop for step < 0).
+ * TG_ERR_INVALID for a zero or non-finite argument, TG_ERR_SHAPE for more
+ * than 2^60 elements. */
 tg_tensor *tg_arange(tg_dtype dtype, double start, double stop, double step);
 
 /* ---- Seeded generator: xoshiro256** seeded through splitmix64, so the same

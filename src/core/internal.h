@@ -154,6 +154,18 @@ static inline void tg__contig_strides(int ndim, const int64_t *shape, int64_t *s
     }
 }
 
+/* A double as i64, saturating: NaN gives 0, values at or past the ends of
+ * i64's range (infinities too) give INT64_MIN or INT64_MAX, the rest are
+ * truncated toward zero. C leaves the plain cast undefined there. The one
+ * conversion every float -> i64 path uses (tg_cast, fills, tg_full). */
+static inline int64_t tg__sat_i64(double v)
+{
+    if (v != v) return 0;
+    if (v >= 0x1p63) return INT64_MAX;
+    if (v <= -0x1p63) return INT64_MIN;
+    return (int64_t)v;
+}
+
 static inline bool tg__is_float(tg_dtype dt)
 {
     return dt == TG_F32 || dt == TG_F64;
@@ -207,6 +219,13 @@ static inline bool tg__records(const tg_tensor *t)
 /* ---- scopes (src/core/scope.c) */
 /* Hands t to the innermost scope if one is open. Returns t. */
 TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
+/* At thread exit: ends the scopes still open and frees the arrays. */
+TG_INTERNAL void tg__scope_thread_exit(void);
+
+/* ---- per-thread state (src/core/tensor.c) */
+/* Arranges for the calling thread's caches and scope arrays to be freed
+ * when it exits; false if that cannot be arranged (then cache nothing). */
+TG_INTERNAL bool tg__thread_register(void);
 
 /* ---- dispatch hooks the tape uses without including dispatch
  * (src/dispatch/registry.c) */

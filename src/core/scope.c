@@ -24,7 +24,7 @@ static size_t *marks(void)
 void tg_scope_begin(void)
 {
     int cap = big_marks ? cap_big : MAX_SCOPES;
-    if (!overflow && depth == cap) {
+    if (!overflow && depth == cap && tg__thread_register()) {
         size_t *p = realloc(big_marks, (size_t)cap * 2 * sizeof *p);
         if (p) {
             if (!big_marks) memcpy(p, small_marks, sizeof small_marks);
@@ -76,7 +76,7 @@ tg_tensor *tg__scope_track(tg_tensor *t)
     if (!t || depth == 0) return t;
     if (nitems == capitems) {
         size_t cap = capitems ? capitems * 2 : 256;
-        tg_tensor **p = realloc(items, cap * sizeof *p);
+        tg_tensor **p = tg__thread_register() ? realloc(items, cap * sizeof *p) : NULL;
         if (!p) {
             /* Cannot own it: fail the call rather than leak silently. */
             tg_tensor_release(t);
@@ -104,4 +104,16 @@ tg_tensor *tg_scope_keep(tg_tensor *t)
         }
     }
     return t; /* owned by an outer scope: leave it there */
+}
+
+void tg__scope_thread_exit(void)
+{
+    overflow = 0;
+    while (depth > 0) tg_scope_end();
+    free(items);
+    items = NULL;
+    nitems = capitems = 0;
+    free(big_marks);
+    big_marks = NULL;
+    cap_big = 0;
 }

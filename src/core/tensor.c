@@ -1,5 +1,6 @@
 /* Backend tensors: layout, creation, accessors and reference counting. */
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +40,11 @@ size_t tg_dtype_size(tg_dtype dtype)
 tg_backend tg_set_default_backend(tg_backend backend)
 {
     tg_backend prev = default_backend;
-    if ((unsigned)backend < TG_BACKEND_COUNT) default_backend = backend;
+    if ((unsigned)backend < TG_BACKEND_COUNT)
+        default_backend = backend;
+    else
+        tg__err(TG_ERR_INVALID, "bad argument #1 to 'set_default_backend' (no backend %d)",
+                (int)backend);
     return prev;
 }
 
@@ -77,6 +82,9 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
         return tg__err(TG_ERR_SHAPE, "bad argument to '%s' (ndim %d outside 0..%d)", op, ndim,
                        TG_MAX_DIMS);
     if (ndim > 0 && !shape) return tg__err(TG_ERR_NULL, "bad argument to '%s' (NULL shape)", op);
+    /* The product of the nonzero dims bounds both the byte count and the
+     * strides (tg__contig_strides counts a 0 as 1), so a zero-size dim
+     * does not switch the check off. */
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
@@ -84,7 +92,7 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
                            op, i, (long long)shape[i]);
         if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i])
             return tg__err(TG_ERR_SHAPE, "bad argument to '%s' (shape too large)", op);
-        n *= shape[i];
+        if (shape[i] > 0) n *= shape[i];
     }
     return TG_OK;
 }
@@ -99,13 +107,63 @@ tg_status tg__check_shape(const char *op, int ndim, const int64_t *shape)
 #endif
 static TG_THREAD_LOCAL tg_tensor *free_headers[HEADER_CACHE + 1];
 static TG_THREAD_LOCAL int nfree_headers;
+/* The cache's capacity on this thread: 0 until the thread is registered
+ * (below), so the push stays one compare, as it was before registration. */
+static TG_THREAD_LOCAL int cap_headers;
+
+/* What a thread holds (cached headers, the scope arrays) is freed when it
+ * exits: the first header it caches or the scope array it allocates sets
+ * a thread-specific key whose destructor frees it all. Without this, every
+ * short-lived thread that used the library left about 85 KB behind. */
+static pthread_key_t thread_key;
+static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
+static bool thread_key_made;
+static TG_THREAD_LOCAL bool thread_registered;
+
+static void thread_exit(void *unused)
+{
+    (void)unused;
+    tg__scope_thread_exit(); /* may cache headers: first */
+    while (nfree_headers > 0) free(free_headers[--nfree_headers]);
+    /* A later destructor that uses the library registers the thread again
+     * (POSIX then runs this one once more). */
+    cap_headers = 0;
+    thread_registered = false;
+}
+
+static void thread_key_make(void)
+{
+    thread_key_made = pthread_key_create(&thread_key, thread_exit) == 0;
+}
+
+bool tg__thread_register(void)
+{
+    if (thread_registered) return true;
+    pthread_once(&thread_key_once, thread_key_make);
+    thread_registered = thread_key_made && pthread_setspecific(thread_key, &thread_key) == 0;
+    return thread_registered;
+}
+
+/* A full cache, or one not opened yet on this thread: out of line. */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static void header_free_slow(tg_tensor *t)
+{
+    if (HEADER_CACHE > 0 && cap_headers == 0 && tg__thread_register()) {
+        cap_headers = HEADER_CACHE;
+        free_headers[nfree_headers++] = t;
+        return;
+    }
+    free(t);
+}
 
 static void header_free(tg_tensor *t)
 {
-    if (nfree_headers < HEADER_CACHE)
+    if (nfree_headers < cap_headers)
         free_headers[nfree_headers++] = t;
     else
-        free(t);
+        header_free_slow(t);
 }
 
 /* A header with every field zero but refcount 1, slot and node -1. The
@@ -247,7 +305,7 @@ static void store(void *p, tg_dtype dt, int64_t i, double v)
     switch (dt) {
     case TG_F32: ((float *)p)[i] = (float)v; break;
     case TG_F64: ((double *)p)[i] = v; break;
-    case TG_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+    case TG_I64: ((int64_t *)p)[i] = tg__sat_i64(v); break;
     }
 }
 
@@ -313,6 +371,12 @@ tg_tensor *tg_arange(tg_dtype dtype, double start, double stop, double step)
         return NULL;
     }
     double n = ceil((stop - start) / step);
+    /* Checked as a double: the cast of a count past i64 is undefined. */
+    if (!(n <= 0x1p60)) {
+        tg__err(TG_ERR_SHAPE, "bad argument to 'arange' (%g elements from %g to %g by %g; too "
+                              "many)", n, start, stop, step);
+        return NULL;
+    }
     int64_t shape[1] = {n > 0 ? (int64_t)n : 0};
     tg_tensor *t = create("arange", dtype, 1, shape);
     if (!t) return NULL;

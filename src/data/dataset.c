@@ -1,7 +1,9 @@
 /* Data sets kept as two contiguous tensors, CSV(.gz) loading through zlib
  * (gzread reads plain files too), stratified splits and shuffled batches. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -68,9 +70,10 @@ tg_status tg_dataset_from_arrays(int64_t n, int nfeatures, const float *x, const
     if (n > 0 && (!x || !y))
         return tg__err(TG_ERR_NULL, "bad argument to 'dataset_from_arrays' (NULL data)");
     for (int64_t i = 0; i < n; i++)
-        if (y[i] < 0)
+        if (y[i] < 0 || y[i] >= TG_DATASET_MAX_CLASSES)
             return tg__err(TG_ERR_INVALID, "bad argument #4 to 'dataset_from_arrays' (label %lld "
-                                           "at row %lld is negative)", (long long)y[i], (long long)i);
+                                           "at row %lld is not a class index in [0, %d))",
+                           (long long)y[i], (long long)i, TG_DATASET_MAX_CLASSES);
     tg_dataset *ds;
     tg_status st = make(n, nfeatures, &ds);
     if (st) return st;
@@ -107,31 +110,189 @@ static int rows_push(rows *r, const float *x, int f, int64_t y)
     return 0;
 }
 
-/* Parses one CSV row of f features and a label. */
-static tg_status parse_row(const char *path, int64_t lineno, char *line, int f, float *feat,
-                           int64_t *label)
+/* The bytes of a CSV file: plain, or gzip members decoded with inflate.
+ * Not gzread: it drops what follows the last member without a word, and
+ * its lines (gzgets) end at a NUL byte, losing the rest of the line. */
+#define SRC_BUF (1 << 16)
+typedef struct {
+    FILE *f;
+    const char *path;
+    bool gz, member;  /* gzip file; inside a member (more output due) */
+    bool eof;
+    z_stream zs;
+    bool zinit;
+    long long in_used; /* compressed bytes consumed before in[] */
+    size_t pos, len;   /* unread decoded bytes: out[pos..len) */
+    unsigned char in[SRC_BUF];
+    unsigned char out[SRC_BUF];
+} src;
+
+static tg_status src_read_in(src *s, size_t *got)
 {
-    char *p = line, *end;
+    s->in_used += (long long)(s->zs.next_in ? s->zs.next_in - s->in : 0);
+    *got = fread(s->in, 1, SRC_BUF, s->f);
+    s->zs.next_in = s->in;
+    s->zs.avail_in = (uInt)*got;
+    if (*got == 0 && ferror(s->f))
+        return tg__err(TG_ERR_IO, "cannot read '%s': %s", s->path, strerror(errno ? errno : EIO));
+    return TG_OK;
+}
+
+/* Refills out[]; sets eof at the end of the data. */
+static tg_status src_fill(src *s)
+{
+    s->pos = s->len = 0;
+    if (!s->gz) {
+        s->len = fread(s->out, 1, SRC_BUF, s->f);
+        if (s->len == 0 && ferror(s->f))
+            return tg__err(TG_ERR_IO, "cannot read '%s': %s", s->path,
+                           strerror(errno ? errno : EIO));
+        s->eof = s->len == 0;
+        return TG_OK;
+    }
+    while (s->len == 0) {
+        size_t got = 1;
+        if (s->zs.avail_in == 0) {
+            tg_status st = src_read_in(s, &got);
+            if (st) return st;
+        }
+        if (got == 0) {
+            if (s->member)
+                return tg__err(TG_ERR_IO, "cannot read '%s': the gzip stream is truncated",
+                               s->path);
+            s->eof = true;
+            return TG_OK;
+        }
+        if (!s->member) {
+            /* Another member may follow one that ended; anything else is
+             * trailing garbage, rejected rather than ignored. */
+            if (s->zs.next_in[0] != 0x1f)
+                return tg__err(TG_ERR_PARSE, "%s: %lld bytes after the end of the gzip stream "
+                                             "(at byte %lld)", s->path,
+                               (long long)s->zs.avail_in, s->in_used +
+                               (long long)(s->zs.next_in - s->in));
+            if (inflateReset(&s->zs) != Z_OK)
+                return tg__err(TG_ERR_IO, "cannot read '%s': inflateReset failed", s->path);
+            s->member = true;
+        }
+        s->zs.next_out = s->out;
+        s->zs.avail_out = SRC_BUF;
+        int rc = inflate(&s->zs, Z_NO_FLUSH);
+        s->len = SRC_BUF - s->zs.avail_out;
+        if (rc == Z_STREAM_END)
+            s->member = false;
+        else if (rc == Z_MEM_ERROR)
+            return tg__err(TG_ERR_NOMEM, "out of memory decompressing '%s'", s->path);
+        else if (rc != Z_OK && rc != Z_BUF_ERROR)
+            return tg__err(TG_ERR_IO, "cannot read '%s': %s", s->path,
+                           s->zs.msg ? s->zs.msg : "corrupt gzip data");
+    }
+    return TG_OK;
+}
+
+static tg_status src_open(src *s, const char *path)
+{
+    s->path = path;
+    s->f = fopen(path, "rb");
+    if (!s->f) return tg__err(TG_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    unsigned char magic[2];
+    size_t n = fread(magic, 1, 2, s->f);
+    s->gz = n == 2 && magic[0] == 0x1f && magic[1] == 0x8b;
+    if (fseek(s->f, 0, SEEK_SET) != 0) { /* a pipe: keep the two bytes */
+        if (s->gz) return tg__err(TG_ERR_IO, "cannot read '%s': not seekable", path);
+        memcpy(s->out, magic, n);
+        s->len = n;
+        return TG_OK;
+    }
+    if (s->gz) {
+        if (inflateInit2(&s->zs, 16 + MAX_WBITS) != Z_OK)
+            return tg__err(TG_ERR_NOMEM, "out of memory decompressing '%s'", path);
+        s->zinit = true;
+        s->member = true;
+    }
+    return TG_OK;
+}
+
+static void src_close(src *s)
+{
+    if (s->zinit) inflateEnd(&s->zs);
+    if (s->f) fclose(s->f);
+}
+
+/* Reads one line (with its '\n' if any) into line[0..*n); *n == 0 at the
+ * end. A line of cap bytes or more is an error. */
+static tg_status src_line(src *s, int64_t lineno, char *line, size_t cap, size_t *n)
+{
+    *n = 0;
+    for (;;) {
+        if (s->pos == s->len) {
+            if (s->eof) return TG_OK;
+            tg_status st = src_fill(s);
+            if (st) return st;
+            if (s->eof) return TG_OK;
+        }
+        const unsigned char *p = s->out + s->pos;
+        size_t avail = s->len - s->pos;
+        const unsigned char *nl = memchr(p, '\n', avail);
+        size_t take = nl ? (size_t)(nl - p) + 1 : avail;
+        if (*n + take >= cap)
+            return tg__err(TG_ERR_PARSE, "%s:%lld: line longer than %zu bytes", s->path,
+                           (long long)lineno, cap - 1);
+        memcpy(line + *n, p, take);
+        *n += take;
+        s->pos += take;
+        if (nl) return TG_OK;
+    }
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\r';
+}
+
+/* Parses one CSV row of f features and a label; line is NUL-terminated.
+ * The rules (docs/api.md, data.h): fields are numbers as strtod reads
+ * them; features must be finite and fit in f32 (values below its range
+ * become 0 or subnormal); the label is an integer in [0,
+ * TG_DATASET_MAX_CLASSES). Every error names path:line:column. */
+static tg_status parse_row(const char *path, int64_t lineno, const char *line, int f,
+                           float *feat, int64_t *label)
+{
+    const char *p = line;
+    char *end;
     for (int i = 0; i <= f; i++) {
+        while (is_space(*p)) p++;
+        long long col = (long long)(p - line) + 1;
         errno = 0;
         double v = strtod(p, &end);
-        if (end == p || errno)
-            return tg__err(TG_ERR_PARSE, "%s:%lld: field %d is not a number (need %d features "
-                                         "and a label)", path, (long long)lineno, i + 1, f);
-        while (*end == ' ' || *end == '\t' || *end == '\r') end++;
+        if (end == p)
+            return tg__err(TG_ERR_PARSE, "%s:%lld:%lld: field %d is not a number (need %d "
+                                         "features and a label)", path, (long long)lineno, col,
+                           i + 1, f);
+        if (!isfinite(v))
+            return tg__err(TG_ERR_PARSE, "%s:%lld:%lld: field %d (%.*s) is not a finite number",
+                           path, (long long)lineno, col, i + 1, (int)(end - p < 40 ? end - p : 40),
+                           p);
+        while (is_space(*end)) end++;
         if (i < f) {
             if (*end != ',')
-                return tg__err(TG_ERR_PARSE, "%s:%lld: %d fields, need %d features and a label",
-                               path, (long long)lineno, i + 1, f);
+                return tg__err(TG_ERR_PARSE, "%s:%lld:%lld: %d fields, need %d features and a "
+                                             "label", path, (long long)lineno,
+                               (long long)(end - line) + 1, i + 1, f);
+            if (fabs(v) > FLT_MAX)
+                return tg__err(TG_ERR_PARSE, "%s:%lld:%lld: field %d (%g) does not fit in f32",
+                               path, (long long)lineno, col, i + 1, v);
             feat[i] = (float)v;
             p = end + 1;
         } else {
             if (*end != '\0' && *end != '\n')
-                return tg__err(TG_ERR_PARSE, "%s:%lld: more than %d fields", path,
-                               (long long)lineno, f + 1);
-            if (v < 0 || v != (double)(int64_t)v)
-                return tg__err(TG_ERR_PARSE, "%s:%lld: label %g is not a class index >= 0", path,
-                               (long long)lineno, v);
+                return tg__err(TG_ERR_PARSE, "%s:%lld:%lld: more than %d fields", path,
+                               (long long)lineno, (long long)(end - line) + 1, f + 1);
+            /* Range first: the cast is only defined for values that fit. */
+            if (!(v >= 0 && v < TG_DATASET_MAX_CLASSES) || v != floor(v))
+                return tg__err(TG_ERR_PARSE, "%s:%lld:%lld: label %g is not a class index in "
+                                             "[0, %d)", path, (long long)lineno, col, v,
+                               TG_DATASET_MAX_CLASSES);
             *label = (int64_t)v;
         }
     }
@@ -146,35 +307,37 @@ tg_status tg_dataset_load_csv(const char *path, int nfeatures, tg_dataset **out)
     if (nfeatures < 1 || nfeatures > (1 << 20))
         return tg__err(TG_ERR_INVALID, "bad argument #2 to 'dataset_load_csv' (%d features)",
                        nfeatures);
-    gzFile gz = gzopen(path, "rb");
-    if (!gz) return tg__err(TG_ERR_IO, "cannot open '%s': %s", path, strerror(errno ? errno : ENOENT));
+    src *s = calloc(1, sizeof *s);
+    if (!s) return tg__err(TG_ERR_NOMEM, "out of memory reading '%s'", path);
+    tg_status st = src_open(s, path);
     size_t cap = (size_t)nfeatures * 32 + 64;
     char *line = malloc(cap);
     float *feat = malloc((size_t)nfeatures * sizeof *feat);
     rows r = {0};
-    tg_status st = (line && feat) ? TG_OK : tg__err(TG_ERR_NOMEM, "out of memory reading '%s'", path);
+    if (!st && !(line && feat)) st = tg__err(TG_ERR_NOMEM, "out of memory reading '%s'", path);
     int64_t lineno = 0;
-    while (!st && gzgets(gz, line, (int)cap)) {
+    while (!st) {
+        size_t len;
+        st = src_line(s, lineno + 1, line, cap, &len);
+        if (st || len == 0) break;
         lineno++;
-        size_t len = strlen(line);
-        if (len == cap - 1 && line[len - 1] != '\n') {
-            st = tg__err(TG_ERR_PARSE, "%s:%lld: line longer than %zu bytes", path,
-                         (long long)lineno, cap - 2);
+        const char *nul = memchr(line, '\0', len);
+        if (nul) {
+            st = tg__err(TG_ERR_PARSE, "%s:%lld:%lld: NUL byte", path, (long long)lineno,
+                         (long long)(nul - line) + 1);
             break;
         }
-        char *s = line;
-        while (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n') s++;
-        if (!*s) continue;
+        line[len] = '\0';
+        const char *t = line;
+        while (is_space(*t) || *t == '\n') t++;
+        if (!*t) continue;
         int64_t label = 0;
-        st = parse_row(path, lineno, s, nfeatures, feat, &label);
+        st = parse_row(path, lineno, line, nfeatures, feat, &label);
         if (!st && rows_push(&r, feat, nfeatures, label))
             st = tg__err(TG_ERR_NOMEM, "out of memory reading '%s'", path);
     }
-    int errnum = 0;
-    const char *gzmsg = gzerror(gz, &errnum);
-    if (!st && errnum != Z_OK && errnum != Z_STREAM_END)
-        st = tg__err(TG_ERR_IO, "cannot read '%s': %s", path, gzmsg);
-    gzclose(gz);
+    src_close(s);
+    free(s);
     if (!st && r.n == 0) st = tg__err(TG_ERR_PARSE, "%s: no data rows", path);
     if (!st) st = tg_dataset_from_arrays(r.n, nfeatures, r.x, r.y, out);
     free(r.x);
@@ -277,6 +440,20 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* (label, row) pairs, sorted so that each class's rows are together and in
+ * their original order: the split visits the classes present, not every
+ * index below the largest label. */
+typedef struct {
+    int64_t y, i;
+} labelled;
+
+static int cmp_labelled(const void *a, const void *b)
+{
+    const labelled *p = a, *q = b;
+    if (p->y != q->y) return (p->y > q->y) - (p->y < q->y);
+    return (p->i > q->i) - (p->i < q->i);
+}
+
 tg_status tg_dataset_split(const tg_dataset *ds, double test_fraction, uint64_t seed,
                            tg_dataset **train, tg_dataset **test)
 {
@@ -288,14 +465,21 @@ tg_status tg_dataset_split(const tg_dataset *ds, double test_fraction, uint64_t 
     const int64_t *y = tg__tensor_ptr(ds->y);
     int64_t n = ds->n, *by_class = malloc((size_t)(n ? n : 1) * sizeof *by_class);
     int64_t *tr = malloc((size_t)(n ? n : 1) * sizeof *tr), *te = malloc((size_t)(n ? n : 1) * sizeof *te);
-    tg_status st = (by_class && tr && te) ? TG_OK : tg__err(TG_ERR_NOMEM, "out of memory in split");
+    labelled *order = malloc((size_t)(n ? n : 1) * sizeof *order);
+    tg_status st = TG_OK;
+    if (!by_class || !tr || !te || !order) st = tg__err(TG_ERR_NOMEM, "out of memory in split");
     int64_t ntr = 0, nte = 0;
     tg_rng rng;
     tg_rng_seed(&rng, seed);
-    for (int64_t c = 0; c < ds->classes && !st; c++) {
+    if (!st) {
+        for (int64_t i = 0; i < n; i++) order[i] = (labelled){y[i], i};
+        qsort(order, (size_t)n, sizeof *order, cmp_labelled);
+    }
+    /* Per class in increasing order, as the rng draws are part of the
+     * result: an absent class draws nothing. */
+    for (int64_t g = 0; g < n && !st;) {
         int64_t m = 0;
-        for (int64_t i = 0; i < n; i++)
-            if (y[i] == c) by_class[m++] = i;
+        for (int64_t c = order[g].y; g < n && order[g].y == c; g++) by_class[m++] = order[g].i;
         shuffle(by_class, m, &rng);
         int64_t k = (int64_t)(test_fraction * (double)m + 0.5);
         for (int64_t i = 0; i < m; i++) {
@@ -315,6 +499,7 @@ tg_status tg_dataset_split(const tg_dataset *ds, double test_fraction, uint64_t 
             *train = NULL;
         }
     }
+    free(order);
     free(by_class);
     free(tr);
     free(te);

@@ -70,7 +70,11 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
         return NULL;
     }
     tg__registry_ready();
-    if (n != op->arity || (n > 0 && !in)) {
+    if (n > 0 && !in) {
+        tg__err(TG_ERR_NULL, "bad argument #3 to 'op_call' (NULL input array for '%s')", op->name);
+        return NULL;
+    }
+    if (n != op->arity) {
         tg__err(TG_ERR_INVALID, "bad argument #2 to 'op_call' ('%s' takes %d inputs, got %d)",
                 op->name, op->arity, n);
         return NULL;

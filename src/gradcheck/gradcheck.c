@@ -42,17 +42,27 @@ static tg_tensor *copy_of(const tg_tensor *t)
     return c;
 }
 
+/* The two sides at an input's worst index, for the failure message. */
+typedef struct {
+    double analytic, numeric;
+} worst_pair;
+
+/* A NaN on either side is the worst error there is: the maxima become NaN
+ * and stay NaN (a plain `>` would skip it and report an error of 0). */
 static void result_update(tg_gradcheck_result *r, double a, double num, int64_t idx,
-                          const tg_gradcheck_opts *o, double *worst)
+                          const tg_gradcheck_opts *o, double *worst, worst_pair *wp)
 {
     double err = fabs(a - num);
     double rel = err / fmax(fabs(num), 1e-12);
     double ratio = err / (o->atol + o->rtol * fabs(num));
-    if (err > r->max_abs_err) r->max_abs_err = err;
-    if (rel > r->max_rel_err && err > 0) r->max_rel_err = rel;
-    if (ratio > *worst || isnan(ratio)) {
+    if (!isnan(r->max_abs_err) && (err > r->max_abs_err || isnan(err))) r->max_abs_err = err;
+    if (!isnan(r->max_rel_err) && ((rel > r->max_rel_err && err > 0) || isnan(rel)))
+        r->max_rel_err = rel;
+    if (ratio > *worst || (isnan(ratio) && *worst != INFINITY)) {
         *worst = isnan(ratio) ? INFINITY : ratio;
         r->worst_index = idx;
+        wp->analytic = a;
+        wp->numeric = num;
     }
     if (!(ratio <= 1.0)) r->passed = false;
 }
@@ -79,6 +89,7 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
     }
     tg_tensor *x[16] = {0}, *leaf[16] = {0};
     tg_gradcheck_result res[16];
+    worst_pair wp[16] = {{0, 0}};
     memset(res, 0, sizeof res);
     tg_tape *tape = tg_tape_new(NULL);
     tg_status st = tape ? TG_OK : TG_ERR_NOMEM;
@@ -140,7 +151,7 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
                 if (!st) st = eval_loss(&p, &lm);
                 xv[j] = keep;
                 double a = g ? ((double *)tg__tensor_ptr(g))[j] : 0.0;
-                if (!st) result_update(&res[i], a, (lp - lm) / (2 * o.eps), j, &o, &worst);
+                if (!st) result_update(&res[i], a, (lp - lm) / (2 * o.eps), j, &o, &worst, &wp[i]);
             }
         } else {
             int64_t m = x[i]->numel;
@@ -158,7 +169,7 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
                 for (int64_t j = 0; j < m; j++) xv[j] = keep[j] - o.eps * v[j];
                 if (!st) st = eval_loss(&p, &lm);
                 for (int64_t j = 0; j < m; j++) xv[j] = keep[j];
-                if (!st) result_update(&res[i], a, (lp - lm) / (2 * o.eps), d, &o, &worst);
+                if (!st) result_update(&res[i], a, (lp - lm) / (2 * o.eps), d, &o, &worst, &wp[i]);
             }
             free(v);
             free(keep);
@@ -179,8 +190,11 @@ tg_status tg_gradcheck(tg_gradcheck_fn fn, void *ud, int n, tg_tensor *const *in
         for (int i = 0; i < n; i++)
             if (res[i].checked && !res[i].passed)
                 return tg__err(TG_ERR_GRADCHECK, "gradcheck: input %d: max abs error %.3g, max rel "
-                                                 "error %.3g at index %lld", i, res[i].max_abs_err,
-                               res[i].max_rel_err, (long long)res[i].worst_index);
+                                                 "error %.3g; worst at %s %lld: analytic %.6g, "
+                                                 "numeric %.6g%s", i, res[i].max_abs_err,
+                               res[i].max_rel_err, o.fast ? "direction" : "index",
+                               (long long)res[i].worst_index, wp[i].analytic, wp[i].numeric,
+                               isnan(wp[i].analytic) || isnan(wp[i].numeric) ? " (NaN)" : "");
     }
     return TG_OK;
 }
@@ -318,6 +332,9 @@ static tg_status check_op(const char *who, int order, const tg_op *op, tg_backen
     tg_op_check rep = {.worst_case = -1, .worst_input = -1};
     if (report) *report = rep;
     if (!op) return tg__err(TG_ERR_NULL, "bad argument #1 to '%s' (NULL op)", who);
+    if ((unsigned)backend >= TG_BACKEND_COUNT)
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (no backend %d)", who,
+                       (int)backend);
     if (!op->backward)
         return tg__err(TG_ERR_INVALID, "bad argument #1 to '%s' (op '%s' is not "
                                        "differentiable)", who, op->name);

@@ -8,6 +8,9 @@
  * The JSON is built and parsed with jansson. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,10 +118,40 @@ static void copy_le(void *dst, const void *src, size_t n, size_t es)
 #endif
 }
 
+/* jansson allocates through json_alloc, which notes a failure: its parser
+ * reports running out of memory as a syntax error (a string buffer that
+ * cannot grow reads as a bad token), and the flag tells the two apart.
+ * Installed once, and only over jansson's defaults: a program that set its
+ * own functions keeps them (its failures then read as a bad header). */
+static TG_THREAD_LOCAL bool json_nomem;
+static pthread_once_t json_once = PTHREAD_ONCE_INIT;
+
+static void *json_alloc(size_t n)
+{
+    void *p = malloc(n);
+    if (!p) json_nomem = true;
+    return p;
+}
+
+static void json_setup(void)
+{
+    json_malloc_t m;
+    json_free_t f;
+    json_get_alloc_funcs(&m, &f);
+    if (m == malloc && f == free) json_set_alloc_funcs(json_alloc, free);
+}
+
+static void json_begin(void)
+{
+    pthread_once(&json_once, json_setup);
+    json_nomem = false;
+}
+
 static tg_status io_err(const char *what, const char *path)
 {
     char msg[128];
     int e = errno;
+    if (e == ENOMEM) return tg__err(TG_ERR_NOMEM, "out of memory: %s '%s'", what, path);
     if (strerror_r(e, msg, sizeof msg) != 0) snprintf(msg, sizeof msg, "errno %d", e);
     return tg__err(TG_ERR_IO, "%s '%s': %s", what, path, msg);
 }
@@ -163,10 +196,38 @@ static json_t *metadata(const tg_optim *opt)
     return m;
 }
 
+/* Whether s is well-formed UTF-8 (no overlongs, surrogates or code points
+ * past U+10FFFF), as jansson requires of keys: checked here so that a key
+ * jansson cannot store for want of memory is not called malformed. */
+static bool utf8_valid(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned c = *p++;
+        int more = c < 0x80 ? 0 : c >= 0xc2 && c <= 0xdf ? 1 : (c & 0xf0) == 0xe0 ? 2
+                   : c >= 0xf0 && c <= 0xf4 ? 3 : -1;
+        if (more < 0) return false;
+        unsigned cp = more == 0 ? c : more == 1 ? c & 0x1f : more == 2 ? c & 0x0f : c & 0x07;
+        for (int k = 0; k < more; k++, p++) {
+            if ((*p & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (*p & 0x3f);
+        }
+        if ((more == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (more == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return false;
+    }
+    return true;
+}
+
 /* The header text for it, padded with spaces so the data starts 8-byte
  * aligned. *len gets its length. NULL with the error set. */
 static char *build_header(const items *it, const tg_optim *opt, size_t *len)
 {
+    for (int i = 0; i < it->n; i++)
+        if (!utf8_valid(it->v[i].name))
+            return tg__err(TG_ERR_INVALID, "bad argument #1 to 'params_save' (name '%s' is not "
+                                           "valid UTF-8)", it->v[i].name), NULL;
+    json_begin();
     json_t *root = json_object();
     if (!root) goto nomem;
     uint64_t off = 0;
@@ -182,15 +243,7 @@ static char *build_header(const items *it, const tg_optim *opt, size_t *len)
             shape ? json_pack("{s:s, s:o, s:[I,I]}", "dtype", st_dtypes[x->dtype], "shape", shape,
                               "data_offsets", (json_int_t)off, (json_int_t)(off + x->nbytes))
                   : NULL;
-        if (!e) goto nomem;
-        if (json_object_set_new(root, x->name, e)) {
-            json_decref(root);
-            tg__err(TG_ERR_INVALID,
-                    "bad argument #1 to 'params_save' (name '%s' is not valid "
-                    "UTF-8)",
-                    x->name);
-            return NULL;
-        }
+        if (!e || json_object_set_new(root, x->name, e)) goto nomem; /* names are valid */
         off += x->nbytes;
     }
     json_t *meta = metadata(opt);
@@ -349,13 +402,25 @@ static void file_free(file *f)
 
 static tg_status read_all(const char *path, file *f)
 {
-    int fd = open(path, O_RDONLY);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; it and
+     * devices (/dev/zero) are then refused as not regular files. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
     if (fd < 0) return io_err("cannot open", path);
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         tg_status st = io_err("cannot stat", path);
         close(fd);
         return st;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return tg__err(TG_ERR_IO, "cannot read '%s': not a regular file (a %s)", path,
+                       S_ISDIR(sb.st_mode)    ? "directory"
+                       : S_ISFIFO(sb.st_mode) ? "FIFO"
+                       : S_ISCHR(sb.st_mode)  ? "character device"
+                       : S_ISBLK(sb.st_mode)  ? "block device"
+                       : S_ISSOCK(sb.st_mode) ? "socket"
+                                              : "special file");
     }
     f->size = (size_t)sb.st_size;
     f->buf = malloc(f->size ? f->size : 1);
@@ -512,7 +577,10 @@ static tg_status parse_file(const char *path, file *f)
         return tg__err(TG_ERR_HEADER, "'%s': header length %llu outside 2..%u", path,
                        (unsigned long long)hlen, HEADER_MAX);
     json_error_t jerr;
+    json_begin();
     f->root = json_loadb((const char *)f->buf + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!f->root && (json_nomem || json_error_code(&jerr) == json_error_out_of_memory))
+        return tg__err(TG_ERR_NOMEM, "out of memory parsing the header of '%s'", path);
     if (!f->root)
         return tg__err(TG_ERR_HEADER, "'%s': header is not valid JSON (%s, at byte %d)", path,
                        jerr.text, jerr.position);
@@ -569,11 +637,24 @@ static tg_status check_optim_meta(const char *path, file *f, const tg_optim *opt
     char *end = NULL;
     const char *s = jlr ? json_string_value(jlr) : "";
     *lr = strtod(s, &end);
-    if (!jlr || end == s || *end != '\0' || !(*lr >= 0.0))
+    /* The rule of tg_optim_set_lr: finite and >= 0. */
+    if (!jlr || end == s || *end != '\0' || !(*lr >= 0.0) || !isfinite(*lr))
         return tg__err(TG_ERR_HEADER,
                        "'%s': __metadata__ \"optim.lr\" is missing or not a "
-                       "non-negative number",
-                       path);
+                       "finite number >= 0 (\"%.40s\")",
+                       path, s);
+    return TG_OK;
+}
+
+/* Step counts the optimizer can take on from: a negative one made the bias
+ * corrections NaN, INT64_MAX overflowed on the next step. */
+static tg_status check_step_count(const char *path, const fentry *e, const unsigned char *p)
+{
+    int64_t v;
+    copy_le(&v, p, sizeof v, sizeof v);
+    if (v < 0 || v > TG_OPTIM_MAX_STEPS)
+        return tg__err(TG_ERR_HEADER, "'%s': tensor '%s' holds step count %lld, outside "
+                                      "[0, 2^53]", path, e->name, (long long)v);
     return TG_OK;
 }
 
@@ -591,6 +672,8 @@ static tg_status check_item(const char *path, file *f, const item *x)
                        x->name, tg_shape_str(e->ndim, e->shape, a, sizeof a),
                        tg_shape_str(x->ndim, x->shape, b, sizeof b));
     }
+    if (strncmp(x->name, OPTIM_PREFIX "step", strlen(OPTIM_PREFIX "step")) == 0)
+        return check_step_count(path, e, f->data + e->begin);
     return TG_OK;
 }
 

@@ -211,6 +211,18 @@ static tg_status max_bwd_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor 
     if (in[0]->numel != in[1]->numel)
         return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (gradient and indices differ in "
                                      "size)", op->name);
+    /* The target shape and dim come from attrs, unchecked through
+     * tg_op_call (fuzz/fuzz_ops): the indices must fill it outside dim. */
+    if (tg__check_shape(op->name, a->nints, a->ints)) return TG_ERR_SHAPE;
+    int64_t outer, n, inner;
+    if (a->nints < 1 || a->target < 0 || a->target >= a->nints)
+        return tg__err(TG_ERR_INVALID, "bad argument to '%s' (dim %d of a %d-d target)", op->name,
+                       a->target, a->nints);
+    tg__split_dim(a->nints, a->ints, a->target, &outer, &n, &inner);
+    if (outer * inner != in[0]->numel)
+        return tg__err(TG_ERR_SHAPE, "bad argument #1 to '%s' (%lld indices for %lld positions "
+                                     "outside dim %d)", op->name, (long long)in[0]->numel,
+                       (long long)(outer * inner), a->target);
     out->dtype = in[1]->dtype;
     out->ndim = a->nints;
     memcpy(out->shape, a->ints, sizeof out->shape);
@@ -220,6 +232,14 @@ static tg_tensor *max_bwd_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     int64_t outer, n, inner;
     tg__split_dim(ctx->out_spec->ndim, ctx->out_spec->shape, ctx->attrs->target, &outer, &n, &inner);
+    const int64_t *idx = tg__tensor_ptr(in[0]);
+    for (int64_t i = 0; i < in[0]->numel; i++)
+        if (idx[i] < 0 || idx[i] >= n) {
+            tg__err(TG_ERR_INVALID, "bad argument #1 to '%s' (index %lld at position %lld outside "
+                                    "[0, %lld))", ctx->op->name, (long long)idx[i], (long long)i,
+                    (long long)n);
+            return NULL;
+        }
     tg_tensor *gx = tg_op_ctx_new_output(ctx);
     if (!gx) return NULL;
     TG_KERNEL(tg_dim_scatter_fn, TG_K_MAX_DIM_GRAD, in[1])(outer, n, inner, tg__tensor_ptr(in[0]),
@@ -573,7 +593,9 @@ static tg_tensor *call_dims(const tg_op *op, tg_tensor *x, int ndims, const int 
         return NULL;
     }
     if (ndims == 0 && x) {
-        /* An explicit empty list reduces nothing: a copy with the same shape. */
+        /* An explicit empty list reduces nothing: a copy with the same
+         * shape, after the op's own dtype check (so errors name it). */
+        if (tg__need_float(op, 1, x)) return NULL;
         return tg_mul_scalar(x, 1.0);
     }
     a.nints = ndims;

@@ -12,8 +12,13 @@
 
 #include "ops/helpers.h"
 
-static tg_status copy_shape_attr(const tg_op_attrs *a, tg_spec *out, tg_dtype dt)
+/* The shape in attrs.ints, checked as creation checks one (tg_op_call
+ * hands it in unchecked: fuzz/fuzz_ops found a -1 in a 0-element reshape
+ * reaching the kernels). */
+static tg_status copy_shape_attr(const tg_op *op, const tg_op_attrs *a, tg_spec *out, tg_dtype dt)
 {
+    tg_status st = tg__check_shape(op->name, a->nints, a->ints);
+    if (st) return st;
     out->dtype = dt;
     out->ndim = a->nints;
     memcpy(out->shape, a->ints, sizeof out->shape);
@@ -25,13 +30,14 @@ static tg_status copy_shape_attr(const tg_op_attrs *a, tg_spec *out, tg_dtype dt
 static tg_status reshape_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
                                tg_spec *out)
 {
+    if (tg__check_shape(op->name, a->nints, a->ints)) return tg_last_error();
     if (tg__numel(a->nints, a->ints) != in[0]->numel) {
         char s1[96], s2[96];
         return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (cannot view %s (%lld elements) as %s)",
                        op->name, tg_shape_str(in[0]->ndim, in[0]->shape, s1, sizeof s1),
                        (long long)in[0]->numel, tg_shape_str(a->nints, a->ints, s2, sizeof s2));
     }
-    return copy_shape_attr(a, out, in[0]->dtype);
+    return copy_shape_attr(op, a, out, in[0]->dtype);
 }
 static tg_tensor *reshape_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
@@ -122,7 +128,7 @@ static tg_status expand_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *
                        op->name, tg_shape_str(in[0]->ndim, in[0]->shape, s1, sizeof s1),
                        tg_shape_str(a->nints, a->ints, s2, sizeof s2));
     }
-    return copy_shape_attr(a, out, in[0]->dtype);
+    return copy_shape_attr(op, a, out, in[0]->dtype);
 }
 static tg_tensor *expand_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
@@ -169,7 +175,7 @@ static tg_status sum_to_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *
                        op->name, tg_shape_str(a->nints, a->ints, s1, sizeof s1),
                        tg_shape_str(in[0]->ndim, in[0]->shape, s2, sizeof s2));
     }
-    return copy_shape_attr(a, out, in[0]->dtype);
+    return copy_shape_attr(op, a, out, in[0]->dtype);
 }
 static tg_tensor *sum_to_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
@@ -251,7 +257,8 @@ static tg_status to_device_shape(const tg_op *op, const tg_op_attrs *a, tg_tenso
                                  tg_spec *out)
 {
     if (a->target < 0 || a->target >= TG_BACKEND_COUNT)
-        return tg__err(TG_ERR_DEVICE, "bad argument #2 to '%s' (no backend %d)", op->name, a->target);
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (no backend %d)", op->name,
+                       a->target);
     tg__spec_of(in[0], out);
     return TG_OK;
 }
@@ -546,9 +553,10 @@ tg_tensor *tg_transpose(tg_tensor *x, int dim0, int dim1)
         tg__err_null("transpose", 1);
         return NULL;
     }
+    /* Checked here, so that an error names transpose and its arguments. */
     int d0, d1, perm[TG_MAX_DIMS];
-    if (tg__norm_dim(&tg__op_permute, 2, dim0, x->ndim, &d0) ||
-        tg__norm_dim(&tg__op_permute, 3, dim1, x->ndim, &d1))
+    static const tg_op named = {.name = "transpose"};
+    if (tg__norm_dim(&named, 2, dim0, x->ndim, &d0) || tg__norm_dim(&named, 3, dim1, x->ndim, &d1))
         return NULL;
     for (int i = 0; i < x->ndim; i++) perm[i] = i;
     perm[d0] = d1;
@@ -575,8 +583,12 @@ tg_tensor *tg_cast(tg_tensor *x, tg_dtype dtype)
 
 tg_tensor *tg_concat(int n, tg_tensor *const *xs, int dim)
 {
-    if (n < 1 || !xs) {
+    if (n < 1) {
         tg__err(TG_ERR_INVALID, "bad argument #1 to 'concat' (%d tensors; need at least 1)", n);
+        return NULL;
+    }
+    if (!xs) {
+        tg__err(TG_ERR_NULL, "bad argument #2 to 'concat' (NULL tensor array)");
         return NULL;
     }
     for (int i = 0; i < n; i++)

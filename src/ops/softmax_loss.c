@@ -28,8 +28,11 @@ static tg_tensor *dim_fwd(tg_op_ctx *ctx, tg_tensor *const *in, tg_kernel_id kid
 static tg_status dim_grad_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
                                 tg_spec *out)
 {
-    (void)a;
-    if (tg__need_same_dtype(op, in[0], in[1])) return TG_ERR_DTYPE;
+    /* Called through tg_op_call too: the same checks as softmax's own
+     * (found by fuzz/fuzz_ops: an i64 input reached a missing kernel). */
+    int d;
+    if (tg__need_float(op, 1, in[0]) || tg__need_same_dtype(op, in[0], in[1])) return TG_ERR_DTYPE;
+    if (tg__norm_dim(op, 3, a->ints[0], in[0]->ndim, &d)) return TG_ERR_INVALID;
     if (!tg__same_shape(in[0]->ndim, in[0]->shape, in[1]->ndim, in[1]->shape))
         return tg__err(TG_ERR_SHAPE, "bad argument #2 to '%s' (gradient shape differs from the "
                                      "saved output's)", op->name);
@@ -184,18 +187,26 @@ static tg_status ce_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *cons
     return TG_OK;
 }
 
+/* Every target a class index in [0, C): NULL with the error otherwise. */
+static bool targets_ok(const tg_op *op, const tg_tensor *t, int64_t N, int64_t C)
+{
+    const int64_t *tp = tg__tensor_ptr(t);
+    for (int64_t i = 0; i < N; i++)
+        if (tp[i] < 0 || tp[i] >= C) {
+            tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (target %lld at index %lld outside "
+                                    "[0,%lld))", op->name, (long long)tp[i], (long long)i,
+                    (long long)C);
+            return false;
+        }
+    return true;
+}
+
 static tg_tensor *ce_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *x = in[0], *t = in[1];
     int64_t N = x->shape[0], C = x->shape[1];
     const int64_t *tp = tg__tensor_ptr(t);
-    for (int64_t i = 0; i < N; i++)
-        if (tp[i] < 0 || tp[i] >= C) {
-            tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (target %lld at index %lld outside "
-                                    "[0,%lld))", ctx->op->name, (long long)tp[i], (long long)i,
-                    (long long)C);
-            return NULL;
-        }
+    if (!targets_ok(ctx->op, t, N, C)) return NULL;
     tg_tensor *loss = tg_op_ctx_new_output(ctx);
     tg_tensor *logp = loss ? tg__tensor_empty(x->dtype, 2, x->shape, x->backend) : NULL;
     if (!logp) {
@@ -214,8 +225,10 @@ static tg_status ce_bwd_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *
                               tg_spec *out)
 {
     (void)a;
+    /* Reachable through tg_op_call (fuzz/fuzz_ops): checked as in forward. */
+    if (tg__need_float(op, 1, in[0])) return TG_ERR_DTYPE;
     if (in[1]->dtype != TG_I64 || in[2]->numel != 1 || in[0]->ndim != 2 ||
-        in[2]->dtype != in[0]->dtype)
+        in[2]->dtype != in[0]->dtype || in[1]->ndim != 1 || in[1]->shape[0] != in[0]->shape[0])
         return tg__err(TG_ERR_SHAPE, "bad arguments to '%s' (need (N,C) log-probabilities, (N) "
                                      "i64 targets and a scalar gradient)", op->name);
     tg__spec_of(in[0], out);
@@ -225,6 +238,7 @@ static tg_tensor *ce_bwd_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *lp = in[0];
     int64_t N = lp->shape[0], C = lp->shape[1];
+    if (!targets_ok(ctx->op, in[1], N, C)) return NULL;
     double g;
     tg_tensor_item(in[2], &g);
     tg_tensor *gx = tg_op_ctx_new_output(ctx);

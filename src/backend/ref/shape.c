@@ -15,7 +15,8 @@ static void fill_f64(int64_t n, void *y, double v)
 }
 static void fill_i64(int64_t n, void *y, double v)
 {
-    for (int64_t i = 0; i < n; i++) ((int64_t *)y)[i] = (int64_t)v;
+    int64_t iv = tg__sat_i64(v);
+    for (int64_t i = 0; i < n; i++) ((int64_t *)y)[i] = iv;
 }
 
 static double load(const void *x, tg_dtype dt, int64_t i)
@@ -36,7 +37,11 @@ static void cast_f64(int64_t n, const void *x, tg_dtype xdt, void *y)
 }
 static void cast_i64(int64_t n, const void *x, tg_dtype xdt, void *y)
 {
-    for (int64_t i = 0; i < n; i++) ((int64_t *)y)[i] = (int64_t)load(x, xdt, i);
+    if (xdt == TG_I64) {
+        memcpy(y, x, (size_t)n * sizeof(int64_t)); /* exact, past 2^53 too */
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) ((int64_t *)y)[i] = tg__sat_i64(load(x, xdt, i));
 }
 
 static void copy_strided(int ndim, const int64_t *shape, const int64_t *strides, const void *src,

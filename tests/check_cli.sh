@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# check_cli.sh TAPEGRAD DATA_CSV - the CLI as a new user meets it (issue 15):
+# every subcommand has its own --help (stdout, exit 0); a bad value is one
+# line naming the option; --opt=value works; an unknown data set is named;
+# a --save that cannot be written fails before training; a save past
+# `ulimit -f` fails with a message and leaves no temporary file.
+set -uo pipefail
+tapegrad=$1
+data=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+# run ARGS...: sets rc, out, err
+run() {
+    "$tapegrad" "$@" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    out=$(cat "$tmp/out")
+    err=$(cat "$tmp/err")
+}
+
+for cmd in "train digits" "train" "gradcheck" "ops" "demo" "bench"; do
+    # shellcheck disable=SC2086  # the words of cmd are separate arguments
+    run $cmd --help
+    word=${cmd%% *}
+    [[ $rc == 0 ]] || fail "$cmd --help exited $rc"
+    [[ $out == "usage: tapegrad $word"* ]] || fail "$cmd --help: stdout does not start with its own usage: ${out%%$'\n'*}"
+    [[ $out != *"commands:"* ]] || fail "$cmd --help printed the global help"
+    [[ -z $err ]] || fail "$cmd --help wrote to stderr: $err"
+done
+
+run train digits --epochs 0 --data "$data"
+[[ $rc == 2 ]] || fail "--epochs 0 exited $rc, want 2"
+[[ $err == "tapegrad train: --epochs needs an integer in [1, 100000], got '0'" ]] ||
+    fail "--epochs 0: stderr is not the one line naming the range: $err"
+run train digits --epochs=0 --data "$data"
+[[ $rc == 2 && $err == *"--epochs needs an integer in [1, 100000], got '0'" ]] ||
+    fail "--epochs=0 not parsed as --epochs 0 (rc $rc): $err"
+run train digits --epochs
+[[ $rc == 2 && $err == "tapegrad train: --epochs needs a value" ]] || fail "--epochs without value: $err"
+run train digits --frobnicate
+[[ $rc == 2 && $err == *"unknown option '--frobnicate'"* ]] || fail "unknown option: $err"
+run train mnist
+[[ $rc == 2 && $err == *"unknown data set 'mnist'"* ]] || fail "train mnist (rc $rc): $err"
+
+run train digits --epochs=1 --quiet --data "$data" --save "$tmp/no/such/dir/m.safetensors"
+[[ $rc == 1 && $err == *"cannot write '$tmp/no/such/dir/m.safetensors' (--save)"* ]] ||
+    fail "unwritable --save (rc $rc): $err"
+[[ $out != *"test accuracy"* ]] || fail "unwritable --save was found only after training"
+
+mkdir "$tmp/lim"
+( ulimit -f 4; "$tapegrad" train digits --epochs=1 --quiet --data "$data" \
+      --save="$tmp/lim/m.safetensors" >"$tmp/out" 2>"$tmp/err" )
+rc=$?
+[[ $rc == 1 ]] || fail "save past ulimit -f exited $rc, want 1"
+grep -q "saving the parameters" "$tmp/err" || fail "save past ulimit -f: $(cat "$tmp/err")"
+left=$(ls -A "$tmp/lim")
+[[ -z $left ]] || fail "save past ulimit -f left files behind: $left"
+
+run train digits --epochs=1 --quiet --data "$data" --save="$tmp/m.safetensors"
+[[ $rc == 0 && -f $tmp/m.safetensors ]] || fail "a good run failed (rc $rc): $err"
+
+if [[ $fails != 0 ]]; then
+    echo "$fails CLI checks failed" >&2
+    exit 1
+fi
+echo "CLI checks passed"
