@@ -108,6 +108,7 @@ void tg_tape_reset(tg_tape *tape)
     tape->gen++;
     tape->saved_bytes = 0;
     tape->saved_peak = 0;
+    tape->none_bytes = 0;
     tape->segment_depth = 0;
     tape->segment_id = 0;
     tape->nsegments = 0;
@@ -229,8 +230,9 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     int32_t slots[TG_OP_MAX_INPUTS];
     bool recompute = false, checkpoints = true;
     if (tape->nnodes == 0) tape->writes_at_first = atomic_load_explicit(&tg__writes, memory_order_relaxed);
+    size_t none_add = 0;
     tg_status st = tg__tape_choose(tape, op, nin, in, seen, tracked, out, extra, nextra,
-                                   &recompute, &checkpoints);
+                                   &recompute, &checkpoints, &none_add);
     if (st) return st;
     for (int i = 0; i < nin; i++) {
         slots[i] = tracked[i] ? tg__tape_slot(in[i]) : -1;
@@ -297,6 +299,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->out_ver = out->storage->version;
     n->out_written = false;
     n->label = tape->label_depth ? tape->label_stack[tape->label_depth - 1] : -1;
+    tape->none_bytes += none_add;
 
     tg__tape_ref(tape);
     out->tape = tape;

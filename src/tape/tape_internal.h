@@ -66,6 +66,7 @@ struct tg_tape {
     tg_tensor **leaves; /* leaves with a slot in this generation (retained) */
     int32_t nleaves, capleaves;
     size_t saved_bytes, saved_peak;
+    size_t none_bytes;     /* what NONE would keep for the ops recorded (checkpoint.c) */
     int segment_depth;     /* open tg_checkpoint_begin calls */
     int32_t segment_id;    /* id of the open outermost segment, 0 if none */
     int32_t nsegments;     /* ids handed out since the last reset */
@@ -119,12 +120,14 @@ TG_INTERNAL size_t tg__kept_bytes(const tg_tensor *t);
 /* Whether a node recording op on inputs in (tracked per tracked[]) should
  * save nothing and be recomputed, per the tape's policy and segments, and
  * if so whether its inputs from saving producers get checkpoints (else
- * those producers are recomputed from what they save). May fail (BUDGET)
- * with TG_ERR_BUDGET. */
+ * those producers are recomputed from what they save). none_add: what the
+ * caller adds to tape->none_bytes once the node is recorded. May fail
+ * (BUDGET) with TG_ERR_BUDGET; may drop optional checkpoints (BUDGET). */
 TG_INTERNAL tg_status tg__tape_choose(struct tg_tape *tape, const tg_op *op, int nin,
                                       tg_tensor *const *in, tg_tensor *const *seen,
                                       const bool *tracked, tg_tensor *out, tg_tensor *const *extra,
-                                      int nextra, bool *recompute, bool *checkpoints);
+                                      int nextra, bool *recompute, bool *checkpoints,
+                                      size_t *none_add);
 /* Checkpoint placement for a new recompute node n (checkpoint.c): where
  * backward finds each input's value (in_val, or a checkpoint kept at the
  * producer), charged to the tape; sets n->chain. tg__tape_record calls it
