@@ -22,35 +22,46 @@
  *          (matmul; affine with a leaf bias) from those instead of keeping
  *          a checkpoint of their output.
  *
- * The NONE reference. The tape counts in none_bytes what NONE would have
- * kept for the ops recorded since the last reset: the save cost of each op
- * outside segments (exactly what NONE charges it; NONE's
- * tg_tape_saved_bytes sums the same terms), and for an op inside a segment
- * what it is charged here (segments recompute under every policy). Outside
- * a segment, BALANCED and BUDGET take a recompute way only when
+ * The NONE reference. The tape counts in none_bytes what NONE's tape would
+ * have kept for the ops recorded since the last reset: the save cost of
+ * each op outside segments (exactly what NONE charges it: NONE's
+ * tg_tape_saved_bytes sums the same terms), and for an op inside a segment,
+ * a recompute node under NONE too, what NONE would charge it
+ * (none_segment_cost, which follows NONE's checkpoints in one flag per
+ * node, none_kept). Outside a segment, BALANCED and BUDGET take a
+ * recompute way only when
  *     saved_bytes + its cost <= none_bytes + save cost,
- * and otherwise save, which adds the same to both sides. So, by induction
- * over the ops, saved_bytes <= none_bytes after every op: on a graph
- * without segments BALANCED never keeps more than NONE, at any point, and
- * BUDGET never refuses a budget of at least NONE's bytes (saving always
- * fits). Backward releasing saves only lowers saved_bytes.
+ * and otherwise save, which adds the same to both sides. Inside a segment
+ * the remat way costs at most NONE's charge as long as saved_bytes stayed
+ * within none_bytes: a producer whose output NONE keeps by then keeps it
+ * here too (it saves the same output, or an earlier segment op took remat
+ * and placed the same checkpoint; no checkpoint is dropped while nothing
+ * else fails to fit), or is a recompute node outside segments, read at no
+ * cost. So, by induction over the ops, saved_bytes <= none_bytes after
+ * every op when the budget is at least NONE's: BALANCED never keeps more
+ * than NONE, at any point, and BUDGET never refuses a budget of at least
+ * NONE's bytes (saving, or remat in a segment, always fits). Backward
+ * releasing saves lowers saved_bytes, not none_bytes (reset clears it).
  *
  * BALANCED: a memory-bound op whose inputs are all tracked is a remat
  * node if that keeps the inequality, else it saves; any other op saves.
  * Segments (tg_checkpoint_begin/end) make every op inside a recompute node
  * (remat; under BUDGET remat or lean), so only the values that enter a
  * segment are kept.
- * BUDGET(bytes): each op lists its ways in order of preference, a way
- * listed only when it costs strictly less than every way before it:
+ * BUDGET(bytes): each op tries its ways in order of preference (lean only
+ * where it costs less than remat: else it would only re-run more):
  *   memory-bound, all inputs tracked: remat, then lean and save, the
- *     cheaper first (save on a tie: it re-runs nothing);
+ *     cheaper first; on a tie save, unless saving would not keep the op's
+ *     inputs (so recompute consumers would have to keep its output) and
+ *     the budget could not also hold its output: then lean;
  *   any other op: save, remat, lean;
  *   inside a segment: remat, lean.
- * The cap is the budget, and outside segments also none_bytes + save cost.
- * The op takes the first way whose cost fits under the cap. If none does,
- * optional checkpoints (at producers that can be re-run from what they
- * keep, other than this op's own producers) are dropped, newest first,
- * just enough for the first way that then fits. If none fits even so,
+ * Saving is capped by the budget; a recompute way by the budget and,
+ * outside segments, also by none_bytes + save cost. The op takes the first
+ * way that fits under its cap. If none does, optional checkpoints (at
+ * producers that can be re-run from what they keep, other than this op's
+ * own producers) are dropped, newest first, just enough for the first way
+ * that then fits. If none fits even so,
  * recording fails with TG_ERR_BUDGET at that op and the tape stays usable.
  * Guarantee: tg_tape_saved_bytes never exceeds the budget, at any point. */
 #include <math.h>
@@ -114,6 +125,32 @@ static size_t place_cost(const tg_tape *tape, int nin, tg_tensor *const *in, con
     return b;
 }
 
+/* NONE's charge for an op recorded inside a segment, where NONE's tape
+ * makes it a recompute node too: its untracked inputs, and each producer's
+ * output unless NONE would keep it already (none_kept: it saves its output,
+ * or an earlier segment op had it kept) or it is of the same segment. mark:
+ * record that NONE now keeps those outputs. */
+static size_t none_segment_cost(tg_tape *tape, int nin, tg_tensor *const *in, const bool *tracked,
+                                bool mark)
+{
+    size_t b = 0;
+    for (int i = 0; i < nin; i++) {
+        if (!tracked[i]) {
+            b += tg__kept_bytes(in[i]);
+            continue;
+        }
+        if (in[i]->is_leaf) continue;
+        tg_node *p = &tape->nodes[in[i]->node];
+        bool dup = false;
+        for (int k = 0; k < i && !dup; k++)
+            dup = tracked[k] && !in[k]->is_leaf && in[k]->node == in[i]->node;
+        if (dup || p->none_kept || p->segment == tape->segment_id) continue;
+        b += tg__kept_bytes(in[i]);
+        if (mark) p->none_kept = true;
+    }
+    return b;
+}
+
 /* Whether node idx produces one of this op's tracked inputs. */
 static bool feeds(int64_t idx, int nin, tg_tensor *const *in, const bool *tracked)
 {
@@ -157,19 +194,9 @@ static void evict(tg_tape *tape, size_t need, int nin, tg_tensor *const *in, con
 }
 
 typedef struct {
-    size_t cost;
+    size_t cost, cap; /* bytes it adds; what saved_bytes may reach with it */
     bool recompute, ckpt;
 } way;
-
-/* Appends w to the ways tried in order unless an earlier way costs no more
- * (under one cap, first fit would never reach it). */
-static int add_way(way *ways, int n, way w)
-{
-    for (int k = 0; k < n; k++)
-        if (ways[k].cost <= w.cost) return n;
-    ways[n] = w;
-    return n + 1;
-}
 
 /* The algorithm and its guarantee are in this file's header comment. */
 tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *const *in,
@@ -191,53 +218,57 @@ tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *co
             *none_add = save;
             return TG_OK;
         }
-        size_t remat = place_cost(tape, nin, in, tracked, true);
         if (segment) {
-            *none_add = remat;
+            *none_add = none_segment_cost(tape, nin, in, tracked, true);
             return TG_OK;
         }
+        size_t remat = place_cost(tape, nin, in, tracked, true);
         *recompute = tape->saved_bytes + remat <= tape->none_bytes + save;
         *none_add = save;
         return TG_OK;
     }
-    /* BUDGET */
+    /* BUDGET. Saving is capped by the budget; recomputing, outside
+     * segments, also by NONE's total with this op saved. */
     size_t remat = place_cost(tape, nin, in, tracked, true);
     size_t lean = place_cost(tape, nin, in, tracked, false);
-    way ways[3];
+    size_t budget = tape->opts.budget_bytes;
+    size_t rcap = !segment && tape->none_bytes + save < budget ? tape->none_bytes + save : budget;
+    way w_save = {save, budget, false, true}, w_remat = {remat, rcap, true, true},
+        w_lean = {lean, rcap, true, false};
+    way ways[4];
     int n = 0;
     if (segment) {
-        n = add_way(ways, n, (way){remat, true, true});
-        n = add_way(ways, n, (way){lean, true, false});
+        ways[n++] = w_remat;
+        if (lean < remat) ways[n++] = w_lean;
     } else if (prefer) {
-        /* On a tie between lean and save, save if that keeps what re-runs
-         * the op (its inputs, saved or leaves): nothing is recomputed and
-         * recompute consumers can still re-run it. Else lean, or every
-         * recompute consumer would have to checkpoint its output. */
+        /* On a tie between lean and save, save (nothing to re-run) unless
+         * that would leave the op unable to re-run (an input neither saved
+         * nor a leaf) and the budget could not also hold its output, which
+         * each recompute consumer would then have to keep. */
         bool rerunnable = true;
         for (int i = 0; i < nin; i++)
             rerunnable = rerunnable && ((op->saves & TG_SAVE_INPUT(i)) || in[i]->is_leaf);
-        n = add_way(ways, n, (way){remat, true, true});
-        if (lean < save || (lean == save && !rerunnable))
-            n = add_way(ways, n, (way){lean, true, false});
-        n = add_way(ways, n, (way){save, false, true});
-        n = add_way(ways, n, (way){lean, true, false});
+        bool tight = tape->saved_bytes + save + tg__kept_bytes(out) > budget;
+        bool lean_first = lean < save || (lean == save && !rerunnable && tight);
+        ways[n++] = w_remat;
+        if (lean < remat && lean_first) ways[n++] = w_lean;
+        ways[n++] = w_save;
+        if (lean < remat && !lean_first) ways[n++] = w_lean;
     } else {
-        n = add_way(ways, n, (way){save, false, true});
-        n = add_way(ways, n, (way){remat, true, true});
-        n = add_way(ways, n, (way){lean, true, false});
+        ways[n++] = w_save;
+        ways[n++] = w_remat;
+        if (lean < remat) ways[n++] = w_lean;
     }
-    size_t cap = tape->opts.budget_bytes;
-    if (!segment && tape->none_bytes + save < cap) cap = tape->none_bytes + save;
-    size_t left = cap > tape->saved_bytes ? cap - tape->saved_bytes : 0;
+    /* First fit; then with optional checkpoints dropped. */
     const way *pick = NULL;
-    for (int k = 0; k < n && !pick; k++)
-        if (ways[k].cost <= left) pick = &ways[k];
-    if (!pick) {
-        size_t spare = reclaimable(tape, nin, in, tracked);
+    size_t spare = 0;
+    for (int pass = 0; pass < 2 && !pick; pass++) {
+        if (pass == 1) spare = reclaimable(tape, nin, in, tracked);
         for (int k = 0; k < n && !pick; k++)
-            if (ways[k].cost <= left + spare) pick = &ways[k];
-        if (pick) evict(tape, pick->cost - left, nin, in, tracked);
+            if (tape->saved_bytes + ways[k].cost <= ways[k].cap + spare) pick = &ways[k];
     }
+    if (pick && tape->saved_bytes + pick->cost > pick->cap)
+        evict(tape, tape->saved_bytes + pick->cost - pick->cap, nin, in, tracked);
     if (!pick)
         return tg__err(TG_ERR_BUDGET, "op '%s' needs %zu bytes kept for backward (%zu if "
                                       "recomputed), but the tape's budget of %zu bytes has %zu "
@@ -247,7 +278,7 @@ tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *co
                            ? tape->opts.budget_bytes - tape->saved_bytes : 0);
     *recompute = pick->recompute;
     *checkpoints = pick->ckpt;
-    *none_add = segment ? pick->cost : save;
+    *none_add = segment ? none_segment_cost(tape, nin, in, tracked, true) : save;
     return TG_OK;
 }
 

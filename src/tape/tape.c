@@ -264,6 +264,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->ckpt = NULL;
     n->segment = tape->segment_id;
     n->chain = 0;
+    n->none_kept = !n->segment && (op->saves & TG_SAVE_OUTPUT);
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
         tg__spec_of(in[i], &n->in_spec[i]);

@@ -46,6 +46,7 @@ typedef struct tg_node {
     bool out_written;
     int32_t label;                       /* index into tape->labels, -1: none */
     int32_t chain;                       /* BALANCED: recompute nodes back to a kept value */
+    bool none_kept;                      /* NONE would keep its output (checkpoint.c) */
 } tg_node;
 
 /* BALANCED keeps the output of a recompute node that ends a chain of this
