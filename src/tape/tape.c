@@ -211,18 +211,6 @@ int32_t tg__tape_slot(tg_tensor *t)
     return t->slot;
 }
 
-size_t tg__tensor_bytes(const tg_tensor *t)
-{
-    return t ? (size_t)t->numel * tg_dtype_size(t->dtype) : 0;
-}
-
-size_t tg__kept_bytes(const tg_tensor *t)
-{
-    /* A leaf is held by its owner whatever the tape does: referencing it
-     * costs the tape nothing. */
-    return (t && !t->is_leaf && !t->leaf_view) ? tg__tensor_bytes(t) : 0;
-}
-
 tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *attrs, int nin,
                           tg_tensor *const *in, tg_tensor *const *seen, const bool *tracked,
                           tg_tensor *out, tg_tensor **extra, int nextra)

@@ -116,8 +116,18 @@ TG_INTERNAL void tg__profile_recompute(struct tg_tape *tape, const tg_op *op, ui
 TG_INTERNAL void tg__profile_free(struct tg_tape *tape);
 /* Bytes of t's elements (0 for NULL); kept_bytes is what holding t costs
  * the tape: 0 for leaves (their owner holds them anyway). */
-TG_INTERNAL size_t tg__tensor_bytes(const tg_tensor *t);
-TG_INTERNAL size_t tg__kept_bytes(const tg_tensor *t);
+_Static_assert(TG_DTYPE_COUNT == 3, "tg__tensor_bytes knows f32 (4 bytes), f64 and i64 (8)");
+static inline size_t tg__tensor_bytes(const tg_tensor *t)
+{
+    /* Inline: the planner sums these for every op it records. */
+    return t ? (size_t)t->numel * (t->dtype == TG_F32 ? 4u : 8u) : 0;
+}
+static inline size_t tg__kept_bytes(const tg_tensor *t)
+{
+    /* A leaf is held by its owner whatever the tape does: referencing it
+     * costs the tape nothing. */
+    return (t && !t->is_leaf && !t->leaf_view) ? tg__tensor_bytes(t) : 0;
+}
 /* Whether a node recording op on inputs in (tracked per tracked[]) should
  * save nothing and be recomputed, per the tape's policy and segments, and
  * if so whether its inputs from saving producers get checkpoints (else
