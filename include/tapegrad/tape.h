@@ -13,8 +13,10 @@ typedef struct tg_tape tg_tape;
 typedef enum tg_checkpoint_policy {
     TG_CHECKPOINT_NONE = 0, /* save everything each op's backward reads */
     TG_CHECKPOINT_BALANCED, /* memory-bound ops save nothing: recomputed (a chain of
-                               8 of them keeps its last value) */
-    TG_CHECKPOINT_BUDGET    /* keep saved bytes <= budget_bytes, recomputing */
+                               8 of them keeps its last value); never keeps more
+                               bytes than NONE */
+    TG_CHECKPOINT_BUDGET    /* keep saved bytes <= budget_bytes, recomputing; a
+                               budget of NONE's bytes or more always records */
 } tg_checkpoint_policy;
 
 /* Tape options (tg_tape_new takes a pointer to them, NULL for the defaults);

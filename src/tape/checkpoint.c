@@ -9,30 +9,61 @@
  * values of its inputs, which are leaves, untracked inputs it retains, the
  * outputs of other recompute nodes (recomputed in turn) or checkpoints:
  * outputs of saving nodes, kept once at the producer for all its recompute
- * consumers.
+ * consumers. A recompute node whose producer saves its own output
+ * (TG_SAVE_OUTPUT) reads the value there instead of keeping a checkpoint.
  *
- * BALANCED makes every memory-bound op a recompute node, unless an input is
- * untracked (not on the tape): then it saves as under NONE.
- * Segments (tg_checkpoint_begin/end) make every op inside a recompute node,
- * so only the values that enter a segment are kept.
- * BUDGET(bytes) is BALANCED under a cap, decided op by op in recording
- * order: memory-bound ops recompute (as under BALANCED) and compute-bound
- * ops save while what they save fits in what is left of the budget. An op
- * whose preferred choice does not fit takes the next that does: recompute
- * with checkpoints, recompute re-running saving producers from their saves
- * (no checkpoints), save. If none fits, optional checkpoints (those of
- * producers that can be re-run from their saves) are dropped, newest
- * first, to make room; if that is not enough either, recording fails with
- * TG_ERR_BUDGET at that op (the tape stays usable). Guarantee: tg_tape_saved_bytes never exceeds the budget at any
- * point. Everything can be recomputed from the leaves, so the least budget
- * a graph needs is the bytes of its untracked inputs (data) plus the
- * checkpoints its recompute nodes force.
+ * Each op can be recorded three ways, each costing the tape an exact number
+ * of bytes, computed before anything is kept (place_cost is a dry run of
+ * tg__checkpoint_place):
+ *   save   what NONE keeps for it (save_cost);
+ *   remat  recompute, with a checkpoint at each saving producer (and, under
+ *          BALANCED, at the end of a long recompute chain);
+ *   lean   recompute, re-running producers that keep all their inputs
+ *          (matmul; affine with a leaf bias) from those instead of keeping
+ *          a checkpoint of their output.
  *
- * A recompute node whose producer saves its own output (TG_SAVE_OUTPUT)
- * reads the value there instead of keeping a checkpoint. Under BUDGET, when
- * a checkpoint does not fit, a producer that keeps all its inputs (matmul
- * saves both; affine saves x and W and borrows its leaf bias) is re-run
- * from them instead. */
+ * The NONE reference. The tape counts in none_bytes what NONE's tape would
+ * have kept for the ops recorded since the last reset: the save cost of
+ * each op outside segments (exactly what NONE charges it: NONE's
+ * tg_tape_saved_bytes sums the same terms), and for an op inside a segment,
+ * a recompute node under NONE too, what NONE would charge it
+ * (none_segment_cost, which follows NONE's checkpoints in one flag per
+ * node, none_kept). Outside a segment, BALANCED and BUDGET take a
+ * recompute way only when
+ *     saved_bytes + its cost <= none_bytes + save cost,
+ * and otherwise save, which adds the same to both sides. Inside a segment
+ * the remat way costs at most NONE's charge as long as saved_bytes stayed
+ * within none_bytes: a producer whose output NONE keeps by then keeps it
+ * here too (it saves the same output, or an earlier segment op took remat
+ * and placed the same checkpoint; no checkpoint is dropped while nothing
+ * else fails to fit), or is a recompute node outside segments, read at no
+ * cost. So, by induction over the ops, saved_bytes <= none_bytes after
+ * every op when the budget is at least NONE's: BALANCED never keeps more
+ * than NONE, at any point, and BUDGET never refuses a budget of at least
+ * NONE's bytes (saving, or remat in a segment, always fits). Backward
+ * releasing saves lowers saved_bytes, not none_bytes (reset clears it).
+ *
+ * BALANCED: a memory-bound op whose inputs are all tracked is a remat
+ * node if that keeps the inequality, else it saves; any other op saves.
+ * Segments (tg_checkpoint_begin/end) make every op inside a recompute node
+ * (remat; under BUDGET remat or lean), so only the values that enter a
+ * segment are kept.
+ * BUDGET(bytes): each op tries its ways in order of preference (lean only
+ * where it costs less than remat: else it would only re-run more):
+ *   memory-bound, all inputs tracked: remat, then lean and save, the
+ *     cheaper first; on a tie save, unless saving would not keep the op's
+ *     inputs (so recompute consumers would have to keep its output) and
+ *     the budget could not also hold its output: then lean;
+ *   any other op: save, remat, lean;
+ *   inside a segment: remat, lean.
+ * Saving is capped by the budget; a recompute way by the budget and,
+ * outside segments, also by none_bytes + save cost. The op takes the first
+ * way that fits under its cap. If none does, optional checkpoints (at
+ * producers that can be re-run from what they keep, other than this op's
+ * own producers) are dropped, newest first, just enough for the first way
+ * that then fits. If none fits even so,
+ * recording fails with TG_ERR_BUDGET at that op and the tape stays usable.
+ * Guarantee: tg_tape_saved_bytes never exceeds the budget, at any point. */
 #include <math.h>
 
 #include "tape/tape_internal.h"
@@ -56,60 +87,103 @@ bool tg__node_keeps_inputs(const tg_node *n)
     return true;
 }
 
-/* Bytes a recompute node makes the tape keep: retained untracked inputs,
- * and (with checkpoints) the outputs of saving producers. */
-static size_t recompute_cost(const tg_tape *tape, int nin, tg_tensor *const *in,
-                             const bool *tracked, bool checkpoints)
+/* Whether a recompute node of segment seg (0: none) reading the output of p
+ * makes the tape keep that value at p: a checkpoint at a saving producer
+ * (lean: only when p cannot be re-run from what it keeps), a segment's
+ * boundary, or where BALANCED cuts a long chain of recompute nodes. */
+static bool kept_at(const tg_tape *tape, const tg_node *p, int32_t seg, bool checkpoints)
+{
+    if (p->ckpt || p->out_saved) return false; /* kept already */
+    if (!p->recompute) return checkpoints || !tg__node_keeps_inputs(p);
+    if (p->segment) return p->segment != seg;
+    /* BALANCED, outside segments: a chain of recompute nodes (an LSTM's
+     * cell state, step after step) is cut every TG_BALANCED_MAX_CHAIN
+     * nodes, so backward never has to rematerialise more than that many
+     * values back to a kept one before it can free any. */
+    return !seg && tape->opts.policy == TG_CHECKPOINT_BALANCED &&
+           p->chain >= TG_BALANCED_MAX_CHAIN;
+}
+
+/* Bytes tg__checkpoint_place would charge for a recompute node on inputs
+ * in (tracked per tracked[]), recorded now: the same walk, nothing kept. */
+static size_t place_cost(const tg_tape *tape, int nin, tg_tensor *const *in, const bool *tracked,
+                         bool checkpoints)
 {
     size_t b = 0;
     for (int i = 0; i < nin; i++) {
-        bool dup = false;
-        for (int k = 0; k < i; k++) dup = dup || in[k] == in[i];
-        if (dup) continue;
-        if (tracked[i] && !in[i]->is_leaf) {
-            const tg_node *p = &tape->nodes[in[i]->node];
-            if (p->ckpt || p->out_saved) continue;
-            if (p->recompute) { /* a segment boundary is kept */
-                if (p->segment && p->segment != tape->segment_id) b += tg__kept_bytes(in[i]);
-                continue;
-            }
-            if (checkpoints || !tg__node_keeps_inputs(p)) b += tg__kept_bytes(in[i]);
-        } else if (!tracked[i]) {
-            b += tg__kept_bytes(in[i]);
+        if (!tracked[i]) {
+            b += tg__kept_bytes(in[i]); /* retained, once per input */
+            continue;
         }
+        if (in[i]->is_leaf) continue;
+        bool dup = false; /* a producer is charged once, by its first input */
+        for (int k = 0; k < i && !dup; k++)
+            dup = tracked[k] && !in[k]->is_leaf && in[k]->node == in[i]->node;
+        if (!dup && kept_at(tape, &tape->nodes[in[i]->node], tape->segment_id, checkpoints))
+            b += tg__kept_bytes(in[i]);
     }
     return b;
 }
 
-typedef struct {
-    size_t cost;
-    bool recompute, ckpt;
-} budget_option;
-
-static size_t budget_left(const tg_tape *tape)
-{
-    return tape->opts.budget_bytes > tape->saved_bytes ? tape->opts.budget_bytes - tape->saved_bytes
-                                                       : 0;
-}
-
-/* Checkpoints whose producer can be re-run from its own saves are
- * optional: BUDGET drops them, newest first, to make room. */
-static size_t reclaimable(const tg_tape *tape)
+/* NONE's charge for an op recorded inside a segment, where NONE's tape
+ * makes it a recompute node too: its untracked inputs, and each producer's
+ * output unless NONE would keep it already (none_kept: it saves its output,
+ * or an earlier segment op had it kept) or it is of the same segment. mark:
+ * record that NONE now keeps those outputs. */
+static size_t none_segment_cost(tg_tape *tape, int nin, tg_tensor *const *in, const bool *tracked,
+                                bool mark)
 {
     size_t b = 0;
-    for (int64_t i = 0; i < tape->nnodes; i++) {
-        const tg_node *p = &tape->nodes[i];
-        if (p->ckpt && tg__node_keeps_inputs(p)) b += tg__kept_bytes(p->ckpt);
+    for (int i = 0; i < nin; i++) {
+        if (!tracked[i]) {
+            b += tg__kept_bytes(in[i]);
+            continue;
+        }
+        if (in[i]->is_leaf) continue;
+        tg_node *p = &tape->nodes[in[i]->node];
+        bool dup = false;
+        for (int k = 0; k < i && !dup; k++)
+            dup = tracked[k] && !in[k]->is_leaf && in[k]->node == in[i]->node;
+        if (dup || p->none_kept || p->segment == tape->segment_id) continue;
+        b += tg__kept_bytes(in[i]);
+        if (mark) p->none_kept = true;
     }
     return b;
 }
 
-static void evict(tg_tape *tape, size_t need)
+/* Whether node idx produces one of this op's tracked inputs. */
+static bool feeds(int64_t idx, int nin, tg_tensor *const *in, const bool *tracked)
+{
+    for (int i = 0; i < nin; i++)
+        if (tracked[i] && !in[i]->is_leaf && in[i]->node == idx) return true;
+    return false;
+}
+
+/* Optional checkpoints: at producers that can be re-run from what they
+ * keep, so BUDGET may drop them. Those of the op being recorded stay (its
+ * costs were computed with them in place). */
+static bool optional_ckpt(const tg_tape *tape, int64_t idx, int nin, tg_tensor *const *in,
+                          const bool *tracked)
+{
+    const tg_node *p = &tape->nodes[idx];
+    return p->ckpt && tg__node_keeps_inputs(p) && !feeds(idx, nin, in, tracked);
+}
+
+static size_t reclaimable(const tg_tape *tape, int nin, tg_tensor *const *in, const bool *tracked)
+{
+    size_t b = 0;
+    for (int64_t i = 0; i < tape->nnodes; i++)
+        if (optional_ckpt(tape, i, nin, in, tracked)) b += tg__kept_bytes(tape->nodes[i].ckpt);
+    return b;
+}
+
+/* Drops optional checkpoints, newest first, until need bytes are freed. */
+static void evict(tg_tape *tape, size_t need, int nin, tg_tensor *const *in, const bool *tracked)
 {
     size_t freed = 0;
     for (int64_t i = tape->nnodes - 1; i >= 0 && freed < need; i--) {
+        if (!optional_ckpt(tape, i, nin, in, tracked)) continue;
         tg_node *p = &tape->nodes[i];
-        if (!p->ckpt || !tg__node_keeps_inputs(p)) continue;
         size_t b = tg__kept_bytes(p->ckpt);
         tg_tensor_release(p->ckpt);
         p->ckpt = NULL;
@@ -119,52 +193,92 @@ static void evict(tg_tape *tape, size_t need)
     }
 }
 
+typedef struct {
+    size_t cost, cap; /* bytes it adds; what saved_bytes may reach with it */
+    bool recompute, ckpt;
+} way;
+
+/* The algorithm and its guarantee are in this file's header comment. */
 tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *const *in,
                           tg_tensor *const *seen, const bool *tracked, tg_tensor *out,
-                          tg_tensor *const *extra, int nextra, bool *recompute, bool *checkpoints)
+                          tg_tensor *const *extra, int nextra, bool *recompute, bool *checkpoints,
+                          size_t *none_add)
 {
-    *recompute = tape->segment_depth > 0;
+    bool segment = tape->segment_depth > 0;
+    *recompute = segment;
     *checkpoints = true;
-    switch (tape->opts.policy) {
-    case TG_CHECKPOINT_NONE:
-        return TG_OK;
-    case TG_CHECKPOINT_BALANCED:
-        if (op->cost != TG_COST_MEMORY_BOUND) return TG_OK;
-        for (int i = 0; i < nin; i++)
-            if (!tracked[i]) return TG_OK; /* "save instead" */
-        *recompute = true;
-        return TG_OK;
-    case TG_CHECKPOINT_BUDGET: {
-        size_t save = save_cost(op, nin, seen, out, extra, nextra);
-        size_t remat = recompute_cost(tape, nin, in, tracked, true);
-        size_t lean = recompute_cost(tape, nin, in, tracked, false);
-        bool all_tracked = true;
-        for (int i = 0; i < nin; i++) all_tracked = all_tracked && tracked[i];
-        bool prefer = *recompute || (op->cost == TG_COST_MEMORY_BOUND && all_tracked);
-        /* Options in order of preference: cost, recompute?, checkpoints? */
-        budget_option opt[3];
-        int n = 0;
-        if (!prefer) opt[n++] = (budget_option){save, false, true};
-        opt[n++] = (budget_option){remat, true, true};
-        opt[n++] = (budget_option){lean, true, false};
-        if (prefer && !*recompute) opt[n++] = (budget_option){save, false, true};
-        for (int pass = 0; pass < 2; pass++) {
-            for (int k = 0; k < n; k++) {
-                size_t left = budget_left(tape);
-                if (opt[k].cost > left && (pass == 0 || opt[k].cost > left + reclaimable(tape)))
-                    continue;
-                if (opt[k].cost > left) evict(tape, opt[k].cost - left);
-                *recompute = opt[k].recompute;
-                *checkpoints = opt[k].ckpt;
-                return TG_OK;
-            }
+    *none_add = 0;
+    if (tape->opts.policy == TG_CHECKPOINT_NONE) return TG_OK; /* no reference needed */
+    bool all_tracked = true;
+    for (int i = 0; i < nin; i++) all_tracked = all_tracked && tracked[i];
+    bool prefer = segment || (op->cost == TG_COST_MEMORY_BOUND && all_tracked);
+    size_t save = segment ? 0 : save_cost(op, nin, seen, out, extra, nextra);
+    if (tape->opts.policy == TG_CHECKPOINT_BALANCED) {
+        if (!prefer) {
+            *none_add = save;
+            return TG_OK;
         }
+        if (segment) {
+            *none_add = none_segment_cost(tape, nin, in, tracked, true);
+            return TG_OK;
+        }
+        size_t remat = place_cost(tape, nin, in, tracked, true);
+        *recompute = tape->saved_bytes + remat <= tape->none_bytes + save;
+        *none_add = save;
+        return TG_OK;
+    }
+    /* BUDGET. Saving is capped by the budget; recomputing, outside
+     * segments, also by NONE's total with this op saved. */
+    size_t remat = place_cost(tape, nin, in, tracked, true);
+    size_t lean = place_cost(tape, nin, in, tracked, false);
+    size_t budget = tape->opts.budget_bytes;
+    size_t rcap = !segment && tape->none_bytes + save < budget ? tape->none_bytes + save : budget;
+    way w_save = {save, budget, false, true}, w_remat = {remat, rcap, true, true},
+        w_lean = {lean, rcap, true, false};
+    way ways[4];
+    int n = 0;
+    if (segment) {
+        ways[n++] = w_remat;
+        if (lean < remat) ways[n++] = w_lean;
+    } else if (prefer) {
+        /* On a tie between lean and save, save (nothing to re-run) unless
+         * that would leave the op unable to re-run (an input neither saved
+         * nor a leaf) and the budget could not also hold its output, which
+         * each recompute consumer would then have to keep. */
+        bool rerunnable = true;
+        for (int i = 0; i < nin; i++)
+            rerunnable = rerunnable && ((op->saves & TG_SAVE_INPUT(i)) || in[i]->is_leaf);
+        bool tight = tape->saved_bytes + save + tg__kept_bytes(out) > budget;
+        bool lean_first = lean < save || (lean == save && !rerunnable && tight);
+        ways[n++] = w_remat;
+        if (lean < remat && lean_first) ways[n++] = w_lean;
+        ways[n++] = w_save;
+        if (lean < remat && !lean_first) ways[n++] = w_lean;
+    } else {
+        ways[n++] = w_save;
+        ways[n++] = w_remat;
+        if (lean < remat) ways[n++] = w_lean;
+    }
+    /* First fit; then with optional checkpoints dropped. */
+    const way *pick = NULL;
+    size_t spare = 0;
+    for (int pass = 0; pass < 2 && !pick; pass++) {
+        if (pass == 1) spare = reclaimable(tape, nin, in, tracked);
+        for (int k = 0; k < n && !pick; k++)
+            if (tape->saved_bytes + ways[k].cost <= ways[k].cap + spare) pick = &ways[k];
+    }
+    if (pick && tape->saved_bytes + pick->cost > pick->cap)
+        evict(tape, tape->saved_bytes + pick->cost - pick->cap, nin, in, tracked);
+    if (!pick)
         return tg__err(TG_ERR_BUDGET, "op '%s' needs %zu bytes kept for backward (%zu if "
                                       "recomputed), but the tape's budget of %zu bytes has %zu "
-                                      "left", op->name, save, lean, tape->opts.budget_bytes,
-                       budget_left(tape));
-    }
-    }
+                                      "left", op->name, segment ? lean : save,
+                       lean < remat ? lean : remat, tape->opts.budget_bytes,
+                       tape->opts.budget_bytes > tape->saved_bytes
+                           ? tape->opts.budget_bytes - tape->saved_bytes : 0);
+    *recompute = pick->recompute;
+    *checkpoints = pick->ckpt;
+    *none_add = segment ? none_segment_cost(tape, nin, in, tracked, true) : save;
     return TG_OK;
 }
 
@@ -182,19 +296,10 @@ void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const
     for (int i = 0; i < n->nin; i++) {
         if (n->in_node[i] >= 0) {
             tg_node *p = &tape->nodes[n->in_node[i]];
-            bool saving = !p->recompute && (checkpoints || !tg__node_keeps_inputs(p));
-            /* A value leaving a segment is that segment's boundary: kept,
-             * so backward re-runs one segment at a time. */
-            bool boundary = p->recompute && p->segment && p->segment != n->segment;
-            /* BALANCED, outside segments: a chain of recompute nodes (an
-             * LSTM's cell state, step after step) is cut every
-             * TG_BALANCED_MAX_CHAIN nodes, so backward never has to
-             * rematerialise more than that many values back to a kept one
-             * before it can free any. */
-            bool cut = p->recompute && !p->segment && !n->segment &&
-                       tape->opts.policy == TG_CHECKPOINT_BALANCED &&
-                       p->chain >= TG_BALANCED_MAX_CHAIN;
-            if ((saving || boundary || cut) && !p->ckpt && !p->out_saved) {
+            /* kept_at: a checkpoint at a saving producer, a segment's
+             * boundary (backward re-runs one segment at a time) or
+             * BALANCED's cut of a long chain. */
+            if (kept_at(tape, p, n->segment, checkpoints)) {
                 p->ckpt = tg_tensor_retain(in[i]);
                 p->ckpt_ver = in[i]->storage->version;
                 tg__tape_charge(tape, p, tg__kept_bytes(in[i]));

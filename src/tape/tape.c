@@ -111,6 +111,7 @@ void tg_tape_reset(tg_tape *tape)
     tape->gen++;
     tape->saved_bytes = 0;
     tape->saved_peak = 0;
+    tape->none_bytes = 0;
     tape->segment_depth = 0;
     tape->segment_id = 0;
     tape->nsegments = 0;
@@ -214,18 +215,6 @@ int32_t tg__tape_slot(tg_tensor *t)
     return t->slot;
 }
 
-size_t tg__tensor_bytes(const tg_tensor *t)
-{
-    return t ? (size_t)t->numel * tg_dtype_size(t->dtype) : 0;
-}
-
-size_t tg__kept_bytes(const tg_tensor *t)
-{
-    /* A leaf is held by its owner whatever the tape does: referencing it
-     * costs the tape nothing. */
-    return (t && !t->is_leaf && !t->leaf_view) ? tg__tensor_bytes(t) : 0;
-}
-
 tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *attrs, int nin,
                           tg_tensor *const *in, tg_tensor *const *seen, const bool *tracked,
                           tg_tensor *out, tg_tensor **extra, int nextra)
@@ -233,8 +222,9 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     int32_t slots[TG_OP_MAX_INPUTS];
     bool recompute = false, checkpoints = true;
     if (tape->nnodes == 0) tape->writes_at_first = atomic_load_explicit(&tg__writes, memory_order_relaxed);
+    size_t none_add = 0;
     tg_status st = tg__tape_choose(tape, op, nin, in, seen, tracked, out, extra, nextra,
-                                   &recompute, &checkpoints);
+                                   &recompute, &checkpoints, &none_add);
     if (st) return st;
     for (int i = 0; i < nin; i++) {
         slots[i] = tracked[i] ? tg__tape_slot(in[i]) : -1;
@@ -276,6 +266,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->ckpt = NULL;
     n->segment = tape->segment_id;
     n->chain = 0;
+    n->none_kept = !n->segment && (op->saves & TG_SAVE_OUTPUT);
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
         tg__spec_of(in[i], &n->in_spec[i]);
@@ -312,6 +303,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->out_ver = out->storage->version;
     n->out_written = false;
     n->label = tape->label_depth ? tape->label_stack[tape->label_depth - 1] : -1;
+    tape->none_bytes += none_add;
 
     tg__tape_ref(tape);
     out->tape = tape;

@@ -46,6 +46,7 @@ typedef struct tg_node {
     bool out_written;
     int32_t label;                       /* index into tape->labels, -1: none */
     int32_t chain;                       /* BALANCED: recompute nodes back to a kept value */
+    bool none_kept;                      /* NONE would keep its output (checkpoint.c) */
 } tg_node;
 
 /* BALANCED keeps the output of a recompute node that ends a chain of this
@@ -66,6 +67,7 @@ struct tg_tape {
     tg_tensor **leaves; /* leaves with a slot in this generation (retained) */
     int32_t nleaves, capleaves;
     size_t saved_bytes, saved_peak;
+    size_t none_bytes;     /* what NONE would keep for the ops recorded (checkpoint.c) */
     int segment_depth;     /* open tg_checkpoint_begin calls */
     int32_t segment_id;    /* id of the open outermost segment, 0 if none */
     int32_t nsegments;     /* ids handed out since the last reset */
@@ -130,17 +132,29 @@ TG_INTERNAL void tg__profile_recompute(struct tg_tape *tape, const tg_op *op, ui
 TG_INTERNAL void tg__profile_free(struct tg_tape *tape);
 /* Bytes of t's elements (0 for NULL); kept_bytes is what holding t costs
  * the tape: 0 for leaves (their owner holds them anyway). */
-TG_INTERNAL size_t tg__tensor_bytes(const tg_tensor *t);
-TG_INTERNAL size_t tg__kept_bytes(const tg_tensor *t);
+_Static_assert(TG_DTYPE_COUNT == 3, "tg__tensor_bytes knows f32 (4 bytes), f64 and i64 (8)");
+static inline size_t tg__tensor_bytes(const tg_tensor *t)
+{
+    /* Inline: the planner sums these for every op it records. */
+    return t ? (size_t)t->numel * (t->dtype == TG_F32 ? 4u : 8u) : 0;
+}
+static inline size_t tg__kept_bytes(const tg_tensor *t)
+{
+    /* A leaf is held by its owner whatever the tape does: referencing it
+     * costs the tape nothing. */
+    return (t && !t->is_leaf && !t->leaf_view) ? tg__tensor_bytes(t) : 0;
+}
 /* Whether a node recording op on inputs in (tracked per tracked[]) should
  * save nothing and be recomputed, per the tape's policy and segments, and
  * if so whether its inputs from saving producers get checkpoints (else
- * those producers are recomputed from what they save). May fail (BUDGET)
- * with TG_ERR_BUDGET. */
+ * those producers are recomputed from what they save). none_add: what the
+ * caller adds to tape->none_bytes once the node is recorded. May fail
+ * (BUDGET) with TG_ERR_BUDGET; may drop optional checkpoints (BUDGET). */
 TG_INTERNAL tg_status tg__tape_choose(struct tg_tape *tape, const tg_op *op, int nin,
                                       tg_tensor *const *in, tg_tensor *const *seen,
                                       const bool *tracked, tg_tensor *out, tg_tensor *const *extra,
-                                      int nextra, bool *recompute, bool *checkpoints);
+                                      int nextra, bool *recompute, bool *checkpoints,
+                                      size_t *none_add);
 /* Checkpoint placement for a new recompute node n (checkpoint.c): where
  * backward finds each input's value (in_val, or a checkpoint kept at the
  * producer), charged to the tape; sets n->chain. tg__tape_record calls it
