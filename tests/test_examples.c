@@ -127,3 +127,10 @@ Test(examples, jacobian_matches_the_closed_form)
     example_path("TG_EXAMPLE_JACOBIAN", "example_jacobian", path, sizeof path);
     cr_assert_eq(run(path, NULL), 0, "%s did not exit 0", path);
 }
+
+Test(examples, saved_hooks_give_equal_gradients_from_a_file_and_close_ones_from_f32)
+{
+    char path[PATH_MAX + 64];
+    example_path("TG_EXAMPLE_SAVED_HOOKS", "example_saved_hooks", path, sizeof path);
+    cr_assert_eq(run(path, NULL), 0, "%s did not exit 0", path);
+}
