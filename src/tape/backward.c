@@ -21,7 +21,7 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     tg_tensor **dst[TG_OP_MAX_INPUTS];
     for (int i = 0; i < n->nin; i++) dst[i] = n->in_slot[i] >= 0 ? &s->grads[n->in_slot[i]] : NULL;
     uint64_t ns = 0, *pns = s->tape->profiling ? &ns : NULL;
-    tg_status st = s->tape->pre ? tg__hooks_node_pre(s->tape, idx, gout) : TG_OK;
+    tg_status st = s->tape->watch ? tg__hooks_node_pre(s->tape, idx, gout) : TG_OK;
     if (st) return st;
     if (!n->recompute) {
         int nextra = n->nextra;
@@ -43,10 +43,7 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
         for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
     }
     if (pns) tg__profile_backward(s->tape, n->op, ns);
-    if (st == TG_OK && s->tape->opts.anomaly)
-        for (int i = 0; i < n->nin && st == TG_OK; i++)
-            if (dst[i] && *dst[i]) st = tg__anomaly_grad(s->tape, idx, n, i + 1, *dst[i]);
-    if (st == TG_OK && s->tape->post) st = tg__hooks_node_post(s->tape, idx, dst);
+    if (st == TG_OK && s->tape->watch) st = tg__tape_watch_after(s->tape, idx, n, dst);
     return st;
 }
 

@@ -135,10 +135,7 @@ static tg_status graph_node(graph_sweep *g, int64_t idx, tg_tensor *gout)
         tg__backward_of = outer;
         if (pns) tg__profile_backward(s->tape, nd.op, ns);
     }
-    if (!st && s->tape->opts.anomaly)
-        for (int i = 0; i < nd.nin && !st; i++)
-            if (dst[i] && *dst[i]) st = tg__anomaly_grad(s->tape, idx, &nd, i + 1, *dst[i]);
-    if (!st && s->tape->post) st = tg__hooks_node_post(s->tape, idx, dst);
+    if (!st && s->tape->watch) st = tg__tape_watch_after(s->tape, idx, &nd, dst);
     for (int i = 0; i < nd.nin; i++) tg_tensor_release(args[i]);
     tg_tensor_release(out);
     return st;
@@ -180,7 +177,7 @@ static tg_status run_sweep(graph_sweep *g, int64_t top)
             }
             s->grads[oslot] = NULL;
             if (tape->nhooks) st = tg__hooks_grad(tape, oslot, NULL, &gi);
-            if (!st && tape->pre) st = tg__hooks_node_pre(tape, i, gi);
+            if (!st && tape->watch) st = tg__hooks_node_pre(tape, i, gi);
             if (!st) st = graph_node(g, i, gi);
             tg_tensor_release(gi);
             if (st == TG_OK && !g->retain) tg__node_release_saved(tape, &tape->nodes[i]);

@@ -105,6 +105,7 @@ tg_status tg_tape_set_node_hooks(tg_tape *tape, tg_node_pre_hook pre, tg_node_po
     tape->pre = pre;
     tape->post = post;
     tape->node_ud = userdata;
+    tape->watch = tape->opts.anomaly || pre || post;
     tape->any_hooks = tape->nhooks > 0 || pre || post;
     return TG_OK;
 }
@@ -339,5 +340,15 @@ tg_status tg__hooks_node_post(tg_tape *tape, int64_t idx, tg_tensor **const *dst
     tg_status st = tape->post(&info, gin, tape->node_ud);
     tg_scope_end();
     if (st && tg_last_error() == TG_OK) tg__err(st, "the post-backward hook failed at '%s'", info.op);
+    return st;
+}
+
+tg_status tg__tape_watch_after(tg_tape *tape, int64_t idx, const tg_node *n, tg_tensor **const *dst)
+{
+    tg_status st = TG_OK;
+    if (tape->opts.anomaly)
+        for (int i = 0; i < n->nin && !st; i++)
+            if (dst[i] && *dst[i]) st = tg__anomaly_grad(tape, idx, n, i + 1, *dst[i]);
+    if (!st && tape->post) st = tg__hooks_node_post(tape, idx, dst);
     return st;
 }

@@ -95,6 +95,7 @@ struct tg_tape {
     struct tg__packed *packs; /* handles of saved values, in record order */
     int64_t npacks, cappacks;
     bool any_hooks;
+    bool watch; /* anomaly mode or node hooks: tg__tape_watch_after per node */
     bool profiling;        /* profile.c */
     tg_profile_row *prof;
     const tg_op **prof_ops;
@@ -205,6 +206,10 @@ TG_INTERNAL tg_status tg__hooks_node_pre(struct tg_tape *tape, int64_t idx, tg_t
 TG_INTERNAL tg_status tg__hooks_node_post(struct tg_tape *tape, int64_t idx, tg_tensor **const *dst);
 /* Drops the hooks on recorded results (tg_tape_reset). */
 TG_INTERNAL void tg__hooks_reset(struct tg_tape *tape);
+/* After node idx's backward, with the gradients dst of its inputs:
+ * anomaly checks, then the post hook (hooks.c). */
+TG_INTERNAL tg_status tg__tape_watch_after(struct tg_tape *tape, int64_t idx, const tg_node *n,
+                                           tg_tensor **const *dst);
 /* Releases every hook (tg_tape_free). */
 TG_INTERNAL void tg__hooks_free(struct tg_tape *tape);
 /* TG_ERR_MODIFIED when a value that backward (or a recompute) of nodes
