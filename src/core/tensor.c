@@ -504,33 +504,31 @@ bool tg_tensor_is_contiguous(const tg_tensor *t)
     return t && t->contiguous;
 }
 
-void *tg_tensor_data(tg_tensor *t)
+/* The first element of contiguous t, for the data accessor op. */
+static void *data_of(const tg_tensor *t, const char *op)
 {
     if (!t) {
-        tg__err_null("tensor_data", 1);
+        tg__err_null(op, 1);
         return NULL;
     }
     if (!t->contiguous) {
-        tg__err(TG_ERR_INVALID, "bad argument #1 to 'tensor_data' (tensor is a strided view; "
-                                "use tg_contiguous first)");
+        tg__err(TG_ERR_INVALID, "bad argument #1 to '%s' (tensor is a strided view; use "
+                                "tg_contiguous first)", op);
         return NULL;
     }
-    if (!tg__in_op) tg__tensor_written(t);
     return tg__tensor_ptr(t);
+}
+
+void *tg_tensor_data(tg_tensor *t)
+{
+    void *p = data_of(t, "tensor_data");
+    if (p && !tg__in_op) tg__tensor_written(t);
+    return p;
 }
 
 const void *tg_tensor_data_ro(const tg_tensor *t)
 {
-    if (!t) {
-        tg__err_null("tensor_data_ro", 1);
-        return NULL;
-    }
-    if (!t->contiguous) {
-        tg__err(TG_ERR_INVALID, "bad argument #1 to 'tensor_data_ro' (tensor is a strided view; "
-                                "use tg_contiguous first)");
-        return NULL;
-    }
-    return tg__tensor_ptr(t);
+    return data_of(t, "tensor_data_ro");
 }
 
 uint32_t tg_tensor_version(const tg_tensor *t)

@@ -317,8 +317,8 @@ void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const
 
 tg_status tg_checkpoint_begin(tg_tape *tape)
 {
-    if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'checkpoint_begin' (NULL tape)");
-    if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to 'checkpoint_begin' (tape was freed)");
+    tg_status st = tg__tape_check(tape, "checkpoint_begin");
+    if (st) return st;
     if (tape->segment_depth++ == 0) tape->segment_id = ++tape->nsegments;
     return TG_OK;
 }

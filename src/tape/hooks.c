@@ -90,17 +90,10 @@ tg_status tg_leaf_hook_add(tg_tensor *leaf, tg_leaf_hook fn, void *userdata)
     return TG_OK;
 }
 
-static tg_status check_tape(const tg_tape *tape, const char *op)
-{
-    if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to '%s' (NULL tape)", op);
-    if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to '%s' (tape was freed)", op);
-    return TG_OK;
-}
-
 tg_status tg_tape_set_node_hooks(tg_tape *tape, tg_node_pre_hook pre, tg_node_post_hook post,
                                  void *userdata)
 {
-    tg_status st = check_tape(tape, "tape_set_node_hooks");
+    tg_status st = tg__tape_check(tape, "tape_set_node_hooks");
     if (st) return st;
     tape->pre = pre;
     tape->post = post;
@@ -113,7 +106,7 @@ tg_status tg_tape_set_node_hooks(tg_tape *tape, tg_node_pre_hook pre, tg_node_po
 tg_status tg_tape_set_saved_hooks(tg_tape *tape, tg_pack_hook pack, tg_unpack_hook unpack,
                                   tg_packed_free free_fn, void *userdata)
 {
-    tg_status st = check_tape(tape, "tape_set_saved_hooks");
+    tg_status st = tg__tape_check(tape, "tape_set_saved_hooks");
     if (st) return st;
     if (tape->npacks)
         return tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_set_saved_hooks' (the tape "

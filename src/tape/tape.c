@@ -393,7 +393,7 @@ tg_status tg__tape_check_writes(tg_tape *tape, int64_t top)
 
 /* ---- labels */
 
-static tg_status check_tape(const tg_tape *tape, const char *op)
+tg_status tg__tape_check(const tg_tape *tape, const char *op)
 {
     if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to '%s' (NULL tape)", op);
     if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to '%s' (tape was freed)", op);
@@ -402,7 +402,7 @@ static tg_status check_tape(const tg_tape *tape, const char *op)
 
 tg_status tg_tape_label_push(tg_tape *tape, const char *name)
 {
-    tg_status st = check_tape(tape, "tape_label_push");
+    tg_status st = tg__tape_check(tape, "tape_label_push");
     if (st) return st;
     if (!name) return tg__err_null("tape_label_push", 2);
     size_t len = strlen(name);
@@ -438,7 +438,7 @@ tg_status tg_tape_label_push(tg_tape *tape, const char *name)
 
 tg_status tg_tape_label_pop(tg_tape *tape)
 {
-    tg_status st = check_tape(tape, "tape_label_pop");
+    tg_status st = tg__tape_check(tape, "tape_label_pop");
     if (st) return st;
     if (!tape->label_depth)
         return tg__err(TG_ERR_SCOPE, "bad argument #1 to 'tape_label_pop' (no label is open)");
@@ -456,7 +456,7 @@ const char *tg_tape_label(const tg_tape *tape)
 
 tg_status tg_tape_set_anomaly(tg_tape *tape, bool on)
 {
-    tg_status st = check_tape(tape, "tape_set_anomaly");
+    tg_status st = tg__tape_check(tape, "tape_set_anomaly");
     if (st) return st;
     tape->opts.anomaly = on;
     tape->watch = on || tape->pre || tape->post;
@@ -511,15 +511,15 @@ static const char *value_name(double v)
     return isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf";
 }
 
-/* "f64 [3], f32 [2,2]" */
-static void specs_str(int nin, tg_tensor *const *in, char *buf, size_t len)
+/* "f64 [3], f32 [2,2]"; "none" for no specs. */
+static void specs_str(int nin, const tg_spec *in, char *buf, size_t len)
 {
     size_t at = 0;
-    buf[0] = '\0';
+    snprintf(buf, len, "none");
     for (int i = 0; i < nin && at < len; i++) {
         char s[96];
-        int w = snprintf(buf + at, len - at, "%s%s %s", i ? ", " : "", tg_dtype_name(in[i]->dtype),
-                         tg_shape_str(in[i]->ndim, in[i]->shape, s, sizeof s));
+        int w = snprintf(buf + at, len - at, "%s%s %s", i ? ", " : "", tg_dtype_name(in[i].dtype),
+                         tg_shape_str(in[i].ndim, in[i].shape, s, sizeof s));
         if (w < 0) break;
         at += (size_t)w;
     }
@@ -532,14 +532,16 @@ tg_status tg__anomaly_forward(tg_tape *tape, const tg_op *op, int nin, tg_tensor
     int64_t k = first_nonfinite(out, &bad);
     if (k < 0) return TG_OK;
     char ins[512], os[96], lab[TG_TAPE_MAX_LABELS * (TG_TAPE_LABEL_MAX + 1) + 32] = "";
-    specs_str(nin, in, ins, sizeof ins);
+    tg_spec specs[TG_OP_MAX_INPUTS];
+    for (int i = 0; i < nin; i++) tg__spec_of(in[i], &specs[i]);
+    specs_str(nin, specs, ins, sizeof ins);
     const char *label = tg_tape_label(tape);
     if (label) snprintf(lab, sizeof lab, ", recorded under '%s'", label);
     return tg__err(TG_ERR_NONFINITE, "anomaly mode: forward of '%s' (node %lld%s) produced %s at "
                                      "element %lld of its %s %s output; inputs: %s",
                    op->name, (long long)tape->nnodes, lab, value_name(bad), (long long)k,
                    tg_dtype_name(out->dtype), tg_shape_str(out->ndim, out->shape, os, sizeof os),
-                   nin ? ins : "none");
+                   ins);
 }
 
 tg_status tg__anomaly_grad(tg_tape *tape, int64_t idx, const tg_node *n, int argi,
@@ -548,16 +550,8 @@ tg_status tg__anomaly_grad(tg_tape *tape, int64_t idx, const tg_node *n, int arg
     double bad = 0;
     int64_t k = first_nonfinite(g, &bad);
     if (k < 0) return TG_OK;
-    char ins[512] = "", where[256];
-    size_t at = 0;
-    for (int i = 0; i < n->nin && at < sizeof ins; i++) {
-        char s[96];
-        int w = snprintf(ins + at, sizeof ins - at, "%s%s %s", i ? ", " : "",
-                         tg_dtype_name(n->in_spec[i].dtype),
-                         tg_shape_str(n->in_spec[i].ndim, n->in_spec[i].shape, s, sizeof s));
-        if (w < 0) break;
-        at += (size_t)w;
-    }
+    char ins[512], where[256];
+    specs_str(n->nin, n->in_spec, ins, sizeof ins);
     return tg__err(TG_ERR_NONFINITE, "anomaly mode: backward of %s produced %s at element %lld "
                                      "of the gradient of its input #%d (the sum of every "
                                      "contribution so far); inputs: %s",

@@ -169,6 +169,9 @@ static inline void tg__tape_charge(struct tg_tape *tape, tg_node *n, size_t byte
     tape->saved_bytes += bytes;
     if (tape->saved_bytes > tape->saved_peak) tape->saved_peak = tape->saved_bytes;
 }
+/* TG_ERR_NULL for a NULL tape, TG_ERR_STALE for a freed one, as argument
+ * #1 of op. */
+TG_INTERNAL tg_status tg__tape_check(const struct tg_tape *tape, const char *op);
 /* The label path node n was recorded under, or NULL. */
 static inline const char *tg__tape_label_of(const struct tg_tape *tape, const tg_node *n)
 {
