@@ -27,6 +27,7 @@ extern "C" {
 #include "tapegrad/layers.h"
 #include "tapegrad/params.h"
 #include "tapegrad/optim.h"
+#include "tapegrad/replicas.h"
 #include "tapegrad/io.h"
 
 #define TAPEGRAD_VERSION "0.1.0"

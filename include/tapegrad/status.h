@@ -31,7 +31,8 @@
     X(ERR_BUDGET, "tape memory budget exceeded")                              \
     X(ERR_INTERNAL, "internal error")                                        \
     X(ERR_MODIFIED, "a value backward reads was modified after it was recorded") \
-    X(ERR_NONFINITE, "NaN or infinity produced (anomaly mode)")
+    X(ERR_NONFINITE, "NaN or infinity produced (anomaly mode)")             \
+    X(ERR_DIST, "distributed training failed (another rank or the communicator)")
 
 typedef enum tg_status {
 #define TG__STATUS_ENUM(name, str) TG_##name,

@@ -204,6 +204,20 @@ typedef void (*tg_packed_free)(void *packed, void *userdata);
 tg_status tg_tape_set_saved_hooks(tg_tape *tape, tg_pack_hook pack, tg_unpack_hook unpack,
                                   tg_packed_free free_fn, void *userdata);
 
+/* Gradient-ready notification, for starting work on a leaf's gradient
+ * while the sweep goes on (data-parallel training starts its all-reduce
+ * this way: docs/distributed.md). During tg_backward and tg_backward_seed
+ * over this tape, fn runs once for every leaf the record uses, as soon as
+ * no node left in the sweep can add to its gradient, in the order the
+ * sweep finishes them: grad is the leaf's whole gradient from this
+ * backward (borrowed, read-only, valid during the call; before gradient
+ * hooks and before it is added into tg_grad(leaf)), or NULL where no
+ * gradient reached the leaf. A status other than TG_OK fails the backward
+ * with it (no leaf gradient changes). tg_backward_ex and tg_grad_of do not
+ * notify. NULL fn turns it off; one per tape. Cost when off: none. */
+typedef tg_status (*tg_grad_ready_fn)(tg_tensor *leaf, const tg_tensor *grad, void *userdata);
+tg_status tg_tape_set_grad_ready(tg_tape *tape, tg_grad_ready_fn fn, void *userdata);
+
 /* Writes the current record as Graphviz DOT to path: one box per node (op,
  * output dtype and shape, bytes saved; recompute nodes dashed), leaves and
  * untracked inputs as their own nodes. TG_ERR_IO if it cannot write. */

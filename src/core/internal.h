@@ -216,6 +216,17 @@ static inline bool tg__records(const tg_tensor *t)
     return !tg__grad_disabled && t && t->tape;
 }
 
+/* ---- data-parallel replicas (src/train/replicas.c). On a worker thread
+ * during tg_replicas_step, the worker's replica: dispatch hands every op
+ * the worker's own leaf in place of a parameter tensor (tg__replica_args).
+ * NULL everywhere else, so the check is one load per op. */
+struct tg__replica;
+extern TG_THREAD_LOCAL const struct tg__replica *tg__replica_active;
+/* in[0..n) with each parameter tensor of r replaced by r's leaf for it,
+ * written to sub; returns sub. */
+TG_INTERNAL tg_tensor *const *tg__replica_args(const struct tg__replica *r, int n,
+                                               tg_tensor *const *in, tg_tensor **sub);
+
 /* ---- scopes (src/core/scope.c) */
 /* Hands t to the innermost scope if one is open. Returns t. */
 TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);

@@ -80,6 +80,8 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
         return NULL;
     }
     if (!attrs) attrs = &zero_attrs;
+    tg_tensor *sub[TG_OP_MAX_INPUTS];
+    if (tg__replica_active && n > 0) in = tg__replica_args(tg__replica_active, n, in, sub);
     bool tracked[TG_OP_MAX_INPUTS];
     tg_tape *tape;
     if (validate(op, n, in, tracked, &tape)) return NULL;

@@ -47,6 +47,65 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     return st;
 }
 
+/* Gradient-ready notification (tg_tape_set_grad_ready): the leaves of the
+ * record, latest first use first. A leaf's gradient is whole once the sweep
+ * has passed the earliest node that reads it. */
+typedef struct ready_list {
+    tg_tensor **leaf;
+    int64_t *first; /* earliest node reading the leaf, -1 if none up to top */
+    int32_t n, next;
+} ready_list;
+
+static tg_status ready_init(tg_tape *tape, int64_t top, ready_list *r)
+{
+    r->n = r->next = 0;
+    r->leaf = NULL;
+    r->first = NULL;
+    if (!tape->nleaves) return TG_OK;
+    int64_t *first = malloc((size_t)tape->nslots * sizeof *first);
+    r->leaf = malloc((size_t)tape->nleaves * sizeof *r->leaf);
+    r->first = malloc((size_t)tape->nleaves * sizeof *r->first);
+    if (!first || !r->leaf || !r->first) {
+        free(first);
+        free(r->leaf);
+        free(r->first);
+        return tg__err(TG_ERR_NOMEM, "out of memory for the gradient-ready list");
+    }
+    for (int32_t i = 0; i < tape->nslots; i++) first[i] = -1;
+    for (int64_t j = top; j >= 0; j--) {
+        const tg_node *n = &tape->nodes[j];
+        for (int i = 0; i < n->nin; i++)
+            if (n->in_slot[i] >= 0) first[n->in_slot[i]] = j;
+    }
+    /* Insertion by first use, latest first (a handful of leaves). */
+    for (int32_t i = 0; i < tape->nleaves; i++) {
+        tg_tensor *leaf = tape->leaves[i];
+        int64_t f = first[leaf->slot];
+        int32_t k = r->n++;
+        while (k > 0 && r->first[k - 1] < f) {
+            r->leaf[k] = r->leaf[k - 1];
+            r->first[k] = r->first[k - 1];
+            k--;
+        }
+        r->leaf[k] = leaf;
+        r->first[k] = f;
+    }
+    free(first);
+    return TG_OK;
+}
+
+/* Notifies every leaf not yet notified whose earliest reader is at or
+ * after node i (i = -1: all that are left). */
+static tg_status ready_fire(tg_tape *tape, ready_list *r, tg_tensor **grads, int64_t i)
+{
+    while (r->next < r->n && r->first[r->next] >= i) {
+        tg_tensor *leaf = r->leaf[r->next++];
+        tg_status st = tape->ready(leaf, grads[leaf->slot], tape->ready_ud);
+        if (st) return st;
+    }
+    return TG_OK;
+}
+
 static tg_status sweep(tg_tensor *out, tg_tensor *seed)
 {
     tg_tape *tape = out->tape;
@@ -66,7 +125,8 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
     tg_tensor **grads = s.grads;
     grads[root] = tg_tensor_retain(seed);
     bool prev = tg_grad_set_enabled(false);
-    tg_status st = TG_OK;
+    ready_list ready = {0};
+    tg_status st = tape->ready ? ready_init(tape, top, &ready) : TG_OK;
     for (int64_t i = top; i >= 0 && st == TG_OK; i--) {
         tg_node *n = &tape->nodes[i];
         tg_tensor *g = grads[n->out_slot];
@@ -110,7 +170,11 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             }
         }
         tg__sweep_drop(&s, i);
+        if (ready.n && st == TG_OK) st = ready_fire(tape, &ready, grads, i);
     }
+    if (ready.n && st == TG_OK) st = ready_fire(tape, &ready, grads, -1);
+    free(ready.leaf);
+    free(ready.first);
     tg__sweep_values_free(&s, top);
     /* Leaf gradient hooks first, on every leaf, so that a failing one
      * leaves every leaf as it was. */

@@ -122,6 +122,15 @@ tg_status tg_tape_set_saved_hooks(tg_tape *tape, tg_pack_hook pack, tg_unpack_ho
     return TG_OK;
 }
 
+tg_status tg_tape_set_grad_ready(tg_tape *tape, tg_grad_ready_fn fn, void *userdata)
+{
+    tg_status st = tg__tape_check(tape, "tape_set_grad_ready");
+    if (st) return st;
+    tape->ready = fn;
+    tape->ready_ud = fn ? userdata : NULL;
+    return TG_OK;
+}
+
 void tg_tape_hooks_clear(tg_tape *tape)
 {
     if (!tape) return;

@@ -94,6 +94,8 @@ struct tg_tape {
     void *pack_ud;
     struct tg__packed *packs; /* handles of saved values, in record order */
     int64_t npacks, cappacks;
+    tg_grad_ready_fn ready;   /* tg_tape_set_grad_ready */
+    void *ready_ud;
     bool any_hooks;
     bool watch; /* anomaly mode or node hooks: tg__tape_watch_after per node */
     bool profiling;        /* profile.c */

@@ -1,0 +1,460 @@
+/* Data-parallel steps on worker threads (include/tapegrad/replicas.h).
+ *
+ * Each worker owns a tape and one leaf per trainable parameter: a view of
+ * the parameter's values (same storage, so no copy) marked on the worker's
+ * tape. While the worker runs the user's loss function, dispatch swaps
+ * the parameter tensors for the worker's leaves (tg__replica_args), so the
+ * ops record on the worker's tape and backward leaves the gradients on the
+ * worker's leaves. The calling thread then adds them up, worker by worker,
+ * into the parameter set's flat gradient buffer. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/parallel.h"
+#include "train/train_internal.h"
+
+TG_THREAD_LOCAL const struct tg__replica *tg__replica_active;
+
+/* One worker's stand-ins: keys[i] (a parameter's tensor, sorted by
+ * address) -> leaves[i]. */
+typedef struct tg__replica {
+    const tg_tensor **keys;
+    tg_tensor **leaves;
+    int n;
+} tg__replica;
+
+typedef struct worker {
+    struct tg_replicas *set;
+    int index;
+    pthread_t thread;
+    bool started;
+    tg_tape *tape;
+    tg__replica rep;
+    int *param_of; /* leaves[i] stands for parameter param_of[i] of ps */
+    /* The job of the current step. */
+    int64_t row0, rows;
+    double loss;
+    tg_status status;
+    char message[512];
+    double end_s; /* when its backward ended */
+} worker;
+
+struct tg_replicas {
+    tg_params *ps;
+    tg_replicas_opts o;
+    worker *w;
+    int nparams; /* ps->n when the leaves were made */
+    /* The step every worker runs (set by the caller under mu). */
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t round;
+    int pending;
+    bool quit;
+    int nin;
+    tg_tensor *const *inputs;
+    tg_replica_fn fn;
+    void *ud;
+    tg_backend backend;
+    double t0, compute_s, reduce_s;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t) * (const tg_tensor *const *)a, y = (uintptr_t) * (const tg_tensor *const *)b;
+    return (x > y) - (x < y);
+}
+
+tg_tensor *const *tg__replica_args(const tg__replica *r, int n, tg_tensor *const *in,
+                                   tg_tensor **sub)
+{
+    for (int i = 0; i < n; i++) {
+        sub[i] = in[i];
+        if (!in[i]) continue;
+        int lo = 0, hi = r->n - 1;
+        while (lo <= hi) {
+            int mid = (lo + hi) / 2;
+            if (r->keys[mid] == in[i]) {
+                sub[i] = r->leaves[mid];
+                break;
+            }
+            if ((uintptr_t)r->keys[mid] < (uintptr_t)in[i])
+                lo = mid + 1;
+            else
+                hi = mid - 1;
+        }
+    }
+    return sub;
+}
+
+static void replica_clear(worker *w)
+{
+    for (int i = 0; i < w->rep.n; i++) tg_tensor_release(w->rep.leaves[i]);
+    free(w->rep.keys);
+    free(w->rep.leaves);
+    free(w->param_of);
+    w->rep.keys = NULL;
+    w->rep.leaves = NULL;
+    w->param_of = NULL;
+    w->rep.n = 0;
+}
+
+/* (Re)makes every worker's leaves for the parameters ps has now. */
+static tg_status make_leaves(tg_replicas *r)
+{
+    tg_params *ps = r->ps;
+    int n = 0;
+    for (int i = 0; i < ps->n; i++) n += ps->p[i].pool < TG__POOL_TRAINABLE;
+    for (int k = 0; k < r->o.workers; k++) {
+        worker *w = &r->w[k];
+        replica_clear(w);
+        tg_tape_reset(w->tape);
+        if (!n) continue;
+        typedef struct {
+            const tg_tensor *key;
+            int param;
+        } pair;
+        pair *pairs = malloc((size_t)n * sizeof *pairs);
+        w->rep.keys = malloc((size_t)n * sizeof *w->rep.keys);
+        w->rep.leaves = calloc((size_t)n, sizeof *w->rep.leaves);
+        w->param_of = malloc((size_t)n * sizeof *w->param_of);
+        if (!pairs || !w->rep.keys || !w->rep.leaves || !w->param_of) {
+            free(pairs);
+            replica_clear(w);
+            return tg__err(TG_ERR_NOMEM, "out of memory for the replicas' leaves");
+        }
+        int j = 0;
+        for (int i = 0; i < ps->n; i++)
+            if (ps->p[i].pool < TG__POOL_TRAINABLE) pairs[j++] = (pair){ps->p[i].value, i};
+        qsort(pairs, (size_t)n, sizeof *pairs, key_cmp); /* key is the first member */
+        for (j = 0; j < n; j++) {
+            const tg_tensor *v = pairs[j].key;
+            w->rep.keys[j] = v;
+            w->param_of[j] = pairs[j].param;
+            w->rep.leaves[j] = tg__tensor_view(v, v->ndim, v->shape, v->strides, v->offset);
+            w->rep.n = j + 1;
+            tg_status st = w->rep.leaves[j] ? tg_requires_grad(w->tape, w->rep.leaves[j])
+                                            : TG_ERR_NOMEM;
+            if (st) {
+                free(pairs);
+                replica_clear(w);
+                return st;
+            }
+        }
+        free(pairs);
+    }
+    r->nparams = ps->n;
+    return TG_OK;
+}
+
+/* Worker k's part of the step, on its own thread (k = 0: the caller's). */
+static void run_shard(tg_replicas *r, worker *w)
+{
+    w->status = TG_OK;
+    w->message[0] = '\0';
+    w->loss = 0;
+    if (w->rows == 0) {
+        w->end_s = now_s();
+        return;
+    }
+    tg_backend prev_backend = tg_set_default_backend(r->backend);
+    bool prev_grad = tg_grad_set_enabled(true);
+    for (int i = 0; i < w->rep.n; i++) tg_grad_zero(w->rep.leaves[i]);
+    tg_error_clear();
+    tg_scope_begin();
+    tg_tensor *shard[TG_REPLICAS_MAX_INPUTS];
+    tg_status st = TG_OK;
+    for (int i = 0; i < r->nin && !st; i++) {
+        const tg_tensor *x = r->inputs[i];
+        int64_t shape[TG_MAX_DIMS];
+        memcpy(shape, x->shape, sizeof shape);
+        shape[0] = w->rows;
+        shard[i] = tg__scope_track(tg__tensor_view(x, x->ndim, shape, x->strides,
+                                                   x->offset + w->row0 * x->strides[0]));
+        if (!shard[i]) st = TG_ERR_NOMEM;
+    }
+    tg_replica_info info = {.worker = w->index, .workers = r->o.workers, .tape = w->tape,
+                            .row0 = w->row0, .rows = w->rows};
+    tg__replica_active = &w->rep;
+    tg_tensor *loss = st ? NULL : r->fn(r->ud, &info, r->nin, shard);
+    if (!st && !loss) {
+        st = tg_last_error() ? tg_last_error() : TG_ERR_INVALID;
+        if (!tg_last_error()) tg__err(st, "the loss function returned NULL without an error");
+    } else if (!st && tg_tensor_numel(loss) != 1) {
+        st = tg__err(TG_ERR_SEED, "the loss function returned %lld elements, not a scalar",
+                     (long long)tg_tensor_numel(loss));
+    } else if (!st && !tg_tensor_requires_grad(loss)) {
+        st = tg__err(TG_ERR_NO_GRAD, "the loss does not depend on any parameter");
+    }
+    if (!st) st = tg_tensor_item(loss, &w->loss);
+    if (!st) st = tg_backward(loss);
+    tg__replica_active = NULL;
+    tg_scope_end();
+    tg_tape_reset(w->tape);
+    if (st) snprintf(w->message, sizeof w->message, "%s", tg_last_error_message());
+    w->status = st;
+    tg_grad_set_enabled(prev_grad);
+    tg_set_default_backend(prev_backend);
+    w->end_s = now_s();
+}
+
+static void *worker_main(void *arg)
+{
+    worker *w = arg;
+    tg_replicas *r = w->set;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->quit && r->round == seen) pthread_cond_wait(&r->go, &r->mu);
+        if (r->quit) break;
+        seen = r->round;
+        pthread_mutex_unlock(&r->mu);
+        run_shard(r, w);
+        pthread_mutex_lock(&r->mu);
+        if (--r->pending == 0) pthread_cond_signal(&r->done);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+tg_replicas *tg_replicas_new(tg_params *ps, const tg_replicas_opts *opts)
+{
+    if (!ps) {
+        tg__err(TG_ERR_NULL, "bad argument #1 to 'replicas_new' (NULL parameter set)");
+        return NULL;
+    }
+    tg_replicas_opts o = opts ? *opts : (tg_replicas_opts){.workers = 1};
+    if (o.workers < 1 || o.workers > TG_REPLICAS_MAX_WORKERS) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to 'replicas_new' (%d workers; need 1..%d)",
+                o.workers, TG_REPLICAS_MAX_WORKERS);
+        return NULL;
+    }
+    if (o.reduce != TG_REDUCE_MEAN && o.reduce != TG_REDUCE_SUM) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to 'replicas_new' (reduce %d is neither "
+                                "TG_REDUCE_MEAN nor TG_REDUCE_SUM)", (int)o.reduce);
+        return NULL;
+    }
+    tg_replicas *r = calloc(1, sizeof *r);
+    worker *w = calloc((size_t)o.workers, sizeof *w);
+    if (!r || !w) {
+        free(r);
+        free(w);
+        tg__err(TG_ERR_NOMEM, "out of memory for %d replicas", o.workers);
+        return NULL;
+    }
+    r->ps = ps;
+    r->o = o;
+    r->w = w;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->go, NULL);
+    pthread_cond_init(&r->done, NULL);
+    for (int k = 0; k < o.workers; k++) {
+        w[k].set = r;
+        w[k].index = k;
+        w[k].tape = tg_tape_new(&o.tape);
+        if (!w[k].tape) {
+            tg_replicas_free(r);
+            return NULL;
+        }
+    }
+    if (make_leaves(r)) {
+        tg_replicas_free(r);
+        return NULL;
+    }
+    for (int k = 1; k < o.workers; k++) {
+        int rc = pthread_create(&w[k].thread, NULL, worker_main, &w[k]);
+        if (rc) {
+            tg__err(TG_ERR_NOMEM, "cannot start replica worker %d: %s", k, strerror(rc));
+            tg_replicas_free(r);
+            return NULL;
+        }
+        w[k].started = true;
+    }
+    return r;
+}
+
+void tg_replicas_free(tg_replicas *r)
+{
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->quit = true;
+    pthread_cond_broadcast(&r->go);
+    pthread_mutex_unlock(&r->mu);
+    for (int k = 0; k < r->o.workers; k++) {
+        if (r->w[k].started) pthread_join(r->w[k].thread, NULL);
+        replica_clear(&r->w[k]);
+        tg_tape_free(r->w[k].tape);
+    }
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->go);
+    pthread_cond_destroy(&r->done);
+    free(r->w);
+    free(r);
+}
+
+int tg_replicas_workers(const tg_replicas *r)
+{
+    return r ? r->o.workers : 0;
+}
+
+tg_tape *tg_replicas_tape(const tg_replicas *r, int worker)
+{
+    if (!r || worker < 0 || worker >= r->o.workers) {
+        tg__err(r ? TG_ERR_INVALID : TG_ERR_NULL, "bad argument #%d to 'replicas_tape' (%s)",
+                r ? 2 : 1, r ? "no such worker" : "NULL replica set");
+        return NULL;
+    }
+    return r->w[worker].tape;
+}
+
+void tg_replicas_last_timing(const tg_replicas *r, double *compute_s, double *reduce_s)
+{
+    if (compute_s) *compute_s = r ? r->compute_s : 0;
+    if (reduce_s) *reduce_s = r ? r->reduce_s : 0;
+}
+
+static tg_status check_inputs(int n, tg_tensor *const *inputs, int64_t *rows)
+{
+    if (n < 1 || n > TG_REPLICAS_MAX_INPUTS)
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'replicas_step' (%d inputs; need "
+                                       "1..%d)", n, TG_REPLICAS_MAX_INPUTS);
+    if (!inputs) return tg__err(TG_ERR_NULL, "bad argument #3 to 'replicas_step' (NULL inputs)");
+    for (int i = 0; i < n; i++) {
+        const tg_tensor *x = inputs[i];
+        if (!x) return tg__err(TG_ERR_NULL, "bad argument #3 to 'replicas_step' (input %d is "
+                                            "NULL)", i);
+        if (x->ndim < 1 || x->shape[0] < 1)
+            return tg__err(TG_ERR_SHAPE, "bad argument #3 to 'replicas_step' (input %d has no "
+                                         "rows to shard: %d dims, dim 0 of %lld)", i, x->ndim,
+                           x->ndim ? (long long)x->shape[0] : 0LL);
+        if (i > 0 && x->shape[0] != *rows)
+            return tg__err(TG_ERR_SHAPE, "bad argument #3 to 'replicas_step' (input %d has %lld "
+                                         "rows, input 0 has %lld)", i, (long long)x->shape[0],
+                           (long long)*rows);
+        if (x->tape)
+            return tg__err(TG_ERR_INVALID, "bad argument #3 to 'replicas_step' (input %d is "
+                                           "tracked by a tape; pass data, or tg_detach it)", i);
+        *rows = x->shape[0];
+    }
+    return TG_OK;
+}
+
+/* dst[j] (+)= sum_k s[k] * src[k][j], in worker order. */
+#define REDUCE_LOOP(T)                                                                    \
+    do {                                                                                  \
+        T *d = dst;                                                                       \
+        for (int64_t j = 0; j < n; j++) {                                                 \
+            T acc = (T)s[0] * ((const T *)src[0])[j];                                     \
+            for (int k = 1; k < nsrc; k++) acc += (T)s[k] * ((const T *)src[k])[j];       \
+            d[j] = add ? d[j] + acc : acc;                                                \
+        }                                                                                 \
+    } while (0)
+
+static void reduce_into(tg_dtype dtype, void *dst, const void *const *src, const double *s,
+                        int nsrc, int64_t n, bool add)
+{
+    if (dtype == TG_F32)
+        REDUCE_LOOP(float);
+    else
+        REDUCE_LOOP(double);
+}
+
+/* Adds the workers' gradients into ps's flat buffer. */
+static tg_status reduce(tg_replicas *r, int64_t rows)
+{
+    tg_params *ps = r->ps;
+    tg_status st = tg_params_sync_grad(ps);
+    if (st) return st;
+    const worker *w0 = &r->w[0];
+    for (int j = 0; j < w0->rep.n; j++) {
+        tg__param *p = &ps->p[w0->param_of[j]];
+        const void *src[TG_REPLICAS_MAX_WORKERS];
+        double s[TG_REPLICAS_MAX_WORKERS];
+        int nsrc = 0;
+        for (int k = 0; k < r->o.workers; k++) {
+            const tg_tensor *g = r->w[k].rep.leaves[j]->grad;
+            if (!g || r->w[k].rows == 0) continue;
+            src[nsrc] = tg__tensor_ptr(g);
+            s[nsrc++] = r->o.reduce == TG_REDUCE_MEAN ? (double)r->w[k].rows / (double)rows : 1.0;
+        }
+        if (!nsrc) continue;
+        tg_tensor *v = p->value;
+        bool had = v->grad != NULL;
+        reduce_into(v->dtype, tg__tensor_ptr(p->gview), src, s, nsrc, p->numel, had);
+        if (!had) v->grad = tg_tensor_retain(p->gview);
+    }
+    return TG_OK;
+}
+
+tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_replica_fn fn,
+                           void *userdata, double *loss)
+{
+    if (!r) return tg__err(TG_ERR_NULL, "bad argument #1 to 'replicas_step' (NULL replica set)");
+    if (!fn) return tg__err(TG_ERR_NULL, "bad argument #4 to 'replicas_step' (NULL loss "
+                                         "function)");
+    if (tg__replica_active)
+        return tg__err(TG_ERR_INVALID, "'replicas_step' called from inside a replica's loss "
+                                       "function");
+    int64_t rows = 0;
+    tg_status st = check_inputs(n, inputs, &rows);
+    if (st) return st;
+    if (r->nparams != r->ps->n && (st = make_leaves(r))) return st;
+    if (r->w[0].rep.n == 0)
+        return tg__err(TG_ERR_NOT_FOUND, "bad argument #1 to 'replicas_step' (the parameter set "
+                                         "has no trainable parameter)");
+    int nw = r->o.workers;
+    for (int k = 0; k < nw; k++) {
+        r->w[k].row0 = rows * k / nw;
+        r->w[k].rows = rows * (k + 1) / nw - r->w[k].row0;
+    }
+    int prev_threads = tg_num_threads();
+    if (nw > 1 && prev_threads != 1) tg_set_num_threads(1);
+    r->nin = n;
+    r->inputs = inputs;
+    r->fn = fn;
+    r->ud = userdata;
+    r->backend = tg_default_backend();
+    r->t0 = now_s();
+    if (nw > 1) {
+        pthread_mutex_lock(&r->mu);
+        r->pending = nw - 1;
+        r->round++;
+        pthread_cond_broadcast(&r->go);
+        pthread_mutex_unlock(&r->mu);
+    }
+    run_shard(r, &r->w[0]);
+    if (nw > 1) {
+        pthread_mutex_lock(&r->mu);
+        while (r->pending) pthread_cond_wait(&r->done, &r->mu);
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (nw > 1 && prev_threads != 1) tg_set_num_threads(prev_threads);
+    double end = r->t0;
+    for (int k = 0; k < nw; k++) end = r->w[k].end_s > end ? r->w[k].end_s : end;
+    r->compute_s = end - r->t0;
+    r->inputs = NULL;
+    for (int k = 0; k < nw; k++)
+        if (r->w[k].status)
+            return tg__err(r->w[k].status, "worker %d: %s", k, r->w[k].message);
+    double t1 = now_s();
+    st = reduce(r, rows);
+    r->reduce_s = now_s() - t1;
+    if (st) return st;
+    if (loss) {
+        double l = 0;
+        for (int k = 0; k < nw; k++)
+            l += r->o.reduce == TG_REDUCE_MEAN ? r->w[k].loss * ((double)r->w[k].rows / (double)rows)
+                                               : r->w[k].loss;
+        *loss = l;
+    }
+    return TG_OK;
+}

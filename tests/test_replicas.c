@@ -1,0 +1,354 @@
+/* Data-parallel steps on worker threads (tapegrad/replicas.h): gradients
+ * against one backward over the whole batch, determinism, every checkpoint
+ * policy, an LSTM, errors. */
+#include <math.h>
+#include <string.h>
+
+#include "test_util.h"
+
+/* An MLP in -> hidden (tanh) -> classes with cross-entropy, and a batch of
+ * seeded data. */
+typedef struct {
+    tg_params *ps;
+    tg_linear *l1, *l2;
+    tg_tensor *x, *y; /* (rows, in) and (rows) i64 */
+} model;
+
+static void model_new(model *m, tg_dtype dt, int64_t rows, uint64_t seed)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, seed);
+    m->ps = tg_params_new();
+    m->l1 = tg_linear_new(m->ps, "fc1", 12, 16, true, dt, &rng);
+    m->l2 = tg_linear_new(m->ps, "fc2", 16, 5, true, dt, &rng);
+    cr_assert(m->l1 && m->l2, "%s", tg_last_error_message());
+    m->x = tg_rand_normal(&rng, dt, 2, SHAPE(rows, 12), 0, 1);
+    tg_tensor *u = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(rows), 0, 1);
+    m->y = tg_cast(tg_mul_scalar(u, 4.999), TG_I64);
+    tg_tensor_release(u);
+    cr_assert(m->x && m->y, "%s", tg_last_error_message());
+}
+
+static void model_free(model *m)
+{
+    tg_tensor_release(m->x);
+    tg_tensor_release(m->y);
+    tg_linear_free(m->l1);
+    tg_linear_free(m->l2);
+    tg_params_free(m->ps);
+}
+
+static tg_tensor *hidden_layer(void *ud, int layer, tg_tensor *h)
+{
+    const model *m = ud;
+    (void)layer;
+    return tg_tanh(tg_linear_forward(m->l1, h));
+}
+
+static bool use_segments;
+
+static tg_tensor *mlp_loss(void *ud, const tg_replica_info *info, int n, tg_tensor *const *in)
+{
+    const model *m = ud;
+    cr_assert_eq(n, 2);
+    cr_assert_eq(tg_tensor_dim(in[0], 0), info->rows);
+    tg_tensor *h = use_segments ? tg_checkpoint(info->tape, hidden_layer, ud, in[0])
+                                : hidden_layer(ud, 0, in[0]);
+    return tg_cross_entropy(tg_linear_forward(m->l2, h), in[1]);
+}
+
+/* The flat gradient of m after one backward over the whole batch on a
+ * tape with policy p (caller frees). */
+static double *whole_batch_grad(model *m, tg_checkpoint_policy p, int64_t *numel)
+{
+    tg_tape_opts o = {.policy = p, .budget_bytes = 1 << 20};
+    tg_tape *tape = tg_tape_new(&o);
+    cr_assert_eq(tg_params_requires_grad(m->ps, tape), TG_OK);
+    tg_scope_begin();
+    tg_replica_info info = {.workers = 1, .tape = tape, .rows = tg_tensor_dim(m->x, 0)};
+    tg_tensor *loss = mlp_loss(m, &info, 2, (tg_tensor *[]){m->x, m->y});
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    tg_tensor *flat = tg_params_flat_grad(m->ps, tg_tensor_dtype(m->x));
+    *numel = tg_tensor_numel(flat);
+    double *g = tu_values(flat);
+    tg_scope_end();
+    tg_params_zero_grad(m->ps);
+    tg_tape_free(tape);
+    return g;
+}
+
+/* The flat gradient after one replica step with n workers. */
+static double *replica_grad(model *m, int workers, tg_checkpoint_policy p, double *loss)
+{
+    tg_replicas_opts o = {.workers = workers,
+                          .tape = {.policy = p, .budget_bytes = 1 << 20}};
+    tg_replicas *r = tg_replicas_new(m->ps, &o);
+    cr_assert(r, "%s", tg_last_error_message());
+    tg_params_zero_grad(m->ps);
+    cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m->x, m->y}, mlp_loss, m, loss), TG_OK,
+                 "%s", tg_last_error_message());
+    tg_tensor *flat = tg_params_flat_grad(m->ps, tg_tensor_dtype(m->x));
+    double *g = tu_values(flat);
+    tg_tensor_release(flat);
+    tg_params_zero_grad(m->ps);
+    tg_replicas_free(r);
+    return g;
+}
+
+Test(replicas, one_worker_is_bitwise_one_backward_over_the_batch)
+{
+    for (int d = 0; d < 2; d++) {
+        model m;
+        model_new(&m, d ? TG_F64 : TG_F32, 37, 5);
+        int64_t n;
+        double *want = whole_batch_grad(&m, TG_CHECKPOINT_NONE, &n);
+        double loss;
+        double *got = replica_grad(&m, 1, TG_CHECKPOINT_NONE, &loss);
+        cr_assert_eq(memcmp(want, got, (size_t)n * sizeof *got), 0, "dtype %d", d);
+        cr_assert(loss > 0.5 && loss < 5, "loss %g", loss);
+        free(want);
+        free(got);
+        model_free(&m);
+    }
+}
+
+Test(replicas, n_workers_match_the_whole_batch_and_repeat_bitwise)
+{
+    for (int d = 0; d < 2; d++) {
+        tg_dtype dt = d ? TG_F64 : TG_F32;
+        double tol = d ? 1e-12 : 2e-6;
+        model m;
+        model_new(&m, dt, 64, 9);
+        int64_t n;
+        double *want = whole_batch_grad(&m, TG_CHECKPOINT_NONE, &n);
+        double gmax = 0;
+        for (int64_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(want[i]));
+        cr_assert(gmax > 1e-3, "a gradient worth comparing (max %g)", gmax);
+        for (int w = 2; w <= 5; w++) {
+            double l1, l2;
+            double *a = replica_grad(&m, w, TG_CHECKPOINT_NONE, &l1);
+            double *b = replica_grad(&m, w, TG_CHECKPOINT_NONE, &l2);
+            cr_assert_eq(memcmp(a, b, (size_t)n * sizeof *a), 0, "%d workers: runs differ", w);
+            cr_assert_eq(l1, l2);
+            for (int64_t i = 0; i < n; i++)
+                cr_assert(fabs(a[i] - want[i]) <= tol * fmax(1, gmax),
+                          "%s, %d workers, element %lld: %.17g vs %.17g", tg_dtype_name(dt), w,
+                          (long long)i, a[i], want[i]);
+            free(a);
+            free(b);
+        }
+        free(want);
+        model_free(&m);
+    }
+}
+
+Test(replicas, every_checkpoint_policy_gives_the_same_bits)
+{
+    model m;
+    model_new(&m, TG_F64, 40, 3);
+    double l;
+    double *base = replica_grad(&m, 2, TG_CHECKPOINT_NONE, &l);
+    int64_t n = tg_params_numel(m.ps);
+    const tg_checkpoint_policy pol[] = {TG_CHECKPOINT_BALANCED, TG_CHECKPOINT_BUDGET};
+    for (int i = 0; i < 2; i++) {
+        double *g = replica_grad(&m, 2, pol[i], &l);
+        cr_assert_eq(memcmp(base, g, (size_t)n * sizeof *g), 0, "policy %d", (int)pol[i]);
+        free(g);
+    }
+    use_segments = true;
+    double *g = replica_grad(&m, 2, TG_CHECKPOINT_NONE, &l);
+    use_segments = false;
+    cr_assert_eq(memcmp(base, g, (size_t)n * sizeof *g), 0, "segments");
+    free(g);
+    free(base);
+    model_free(&m);
+}
+
+Test(replicas, gradients_accumulate_and_a_small_batch_idles_workers)
+{
+    model m;
+    model_new(&m, TG_F64, 2, 4);
+    int64_t n;
+    double *want = whole_batch_grad(&m, TG_CHECKPOINT_NONE, &n);
+    tg_replicas *r = tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = 3});
+    cr_assert(r);
+    tg_params_zero_grad(m.ps);
+    for (int step = 0; step < 2; step++)
+        cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m.x, m.y}, mlp_loss, &m, NULL), TG_OK,
+                     "%s", tg_last_error_message());
+    tg_tensor *flat = tg_params_flat_grad(m.ps, TG_F64);
+    double *got = tu_values(flat);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(fabs(got[i] - 2 * want[i]) <= 1e-12 * fmax(1, fabs(want[i])), "element %lld",
+                  (long long)i);
+    /* tg_grad of a parameter is its view of the flat buffer. */
+    tg_tensor *w = tg_linear_weight(m.l1);
+    cr_assert_eq(tg_requires_grad(tg_replicas_tape(r, 0), w), TG_OK);
+    double *gw = tu_values(tg_grad(w));
+    cr_assert_eq(gw[0], got[0]);
+    free(gw);
+    free(got);
+    free(want);
+    tg_tensor_release(flat);
+    tg_replicas_free(r);
+    model_free(&m);
+}
+
+/* An LSTM over a short sequence: x (rows, T, in), loss = mean of the last
+ * hidden state's squares. */
+typedef struct {
+    tg_params *ps;
+    tg_lstm_cell *cell;
+} lstm_model;
+
+static tg_tensor *lstm_loss(void *ud, const tg_replica_info *info, int n, tg_tensor *const *in)
+{
+    const lstm_model *m = ud;
+    (void)n;
+    int64_t rows = info->rows, steps = tg_tensor_dim(in[0], 1);
+    tg_tensor *h = tg_zeros(TG_F64, 2, SHAPE(rows, 6)), *c = tg_zeros(TG_F64, 2, SHAPE(rows, 6));
+    for (int64_t t = 0; t < steps; t++) {
+        tg_tensor *xt = tg_reshape(tg_narrow(in[0], 1, t, 1), 2, SHAPE(rows, 3));
+        if (tg_lstm_cell_forward(m->cell, xt, h, c, &h, &c)) return NULL;
+    }
+    return tg_mean(tg_mul(h, h));
+}
+
+Test(replicas, lstm_gradients_match_the_whole_batch)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 11);
+    lstm_model m = {.ps = tg_params_new()};
+    m.cell = tg_lstm_cell_new(m.ps, "cell", 3, 6, TG_F64, &rng);
+    tg_tensor *x = tg_rand_normal(&rng, TG_F64, 3, SHAPE(10, 5, 3), 0, 1);
+    cr_assert(m.cell && x);
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_params_requires_grad(m.ps, tape);
+    tg_scope_begin();
+    tg_replica_info info = {.workers = 1, .tape = tape, .rows = 10};
+    cr_assert_eq(tg_backward(lstm_loss(&m, &info, 1, &x)), TG_OK, "%s", tg_last_error_message());
+    double *want = tu_values(tg_params_flat_grad(m.ps, TG_F64));
+    tg_scope_end();
+    tg_params_zero_grad(m.ps);
+    tg_tape_free(tape);
+    tg_replicas *r = tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = 2});
+    cr_assert_eq(tg_replicas_step(r, 1, &x, lstm_loss, &m, NULL), TG_OK, "%s",
+                 tg_last_error_message());
+    tg_tensor *flat = tg_params_flat_grad(m.ps, TG_F64);
+    double *got = tu_values(flat);
+    for (int64_t i = 0; i < tg_tensor_numel(flat); i++)
+        cr_assert(fabs(got[i] - want[i]) <= 1e-12, "element %lld: %g vs %g", (long long)i, got[i],
+                  want[i]);
+    free(got);
+    free(want);
+    tg_tensor_release(flat);
+    tg_tensor_release(x);
+    tg_replicas_free(r);
+    tg_lstm_cell_free(m.cell);
+    tg_params_free(m.ps);
+}
+
+static tg_tensor *fails_on_worker_1(void *ud, const tg_replica_info *info, int n,
+                                    tg_tensor *const *in)
+{
+    if (info->worker == 1) return tg_add(in[0], tg_ones(TG_F64, 1, SHAPE(99)));
+    return mlp_loss(ud, info, n, in);
+}
+
+static tg_tensor *not_scalar(void *ud, const tg_replica_info *info, int n, tg_tensor *const *in)
+{
+    const model *m = ud;
+    (void)info;
+    (void)n;
+    return tg_linear_forward(m->l1, in[0]);
+}
+
+Test(replicas, errors_name_the_worker_and_change_no_gradient)
+{
+    model m;
+    model_new(&m, TG_F64, 8, 2);
+    tg_replicas *r = tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = 2});
+    cr_assert(r);
+    tg_tensor *in[] = {m.x, m.y};
+    /* One good step first: a failing one must leave these. */
+    cr_assert_eq(tg_replicas_step(r, 2, in, mlp_loss, &m, NULL), TG_OK);
+    double *before = tu_values(tg_params_flat_grad(m.ps, TG_F64));
+    cr_assert_eq(tg_replicas_step(r, 2, in, fails_on_worker_1, &m, NULL), TG_ERR_SHAPE);
+    tu_expect_message_has("worker 1: ");
+    tu_expect_message_has("'add'");
+    cr_assert_eq(tg_replicas_step(r, 2, in, not_scalar, &m, NULL), TG_ERR_SEED);
+    tu_expect_message_has("worker 0: ");
+    double *after = tu_values(tg_params_flat_grad(m.ps, TG_F64));
+    cr_assert_eq(memcmp(before, after, (size_t)tg_params_numel(m.ps) * sizeof *after), 0);
+    /* Argument errors. */
+    cr_assert_eq(tg_replicas_step(NULL, 2, in, mlp_loss, &m, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_replicas_step(r, 2, in, NULL, &m, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_replicas_step(r, 0, in, mlp_loss, &m, NULL), TG_ERR_INVALID);
+    cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m.x, NULL}, mlp_loss, &m, NULL),
+                 TG_ERR_NULL);
+    tg_tensor *short_y = tg_narrow(m.y, 0, 0, 3);
+    cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m.x, short_y}, mlp_loss, &m, NULL),
+                 TG_ERR_SHAPE);
+    tu_expect_message_has("input 1 has 3 rows, input 0 has 8");
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *xt = tg_detach(m.x);
+    tg_requires_grad(tape, xt);
+    cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){xt, m.y}, mlp_loss, &m, NULL),
+                 TG_ERR_INVALID);
+    cr_assert_null(tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = 0}));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    cr_assert_null(tg_replicas_new(NULL, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    /* Still usable. */
+    tg_error_clear();
+    tg_params_zero_grad(m.ps);
+    cr_assert_eq(tg_replicas_step(r, 2, in, mlp_loss, &m, NULL), TG_OK, "%s",
+                 tg_last_error_message());
+    tg_tape_free(tape);
+    tg_tensor_release(xt);
+    tg_tensor_release(short_y);
+    free(before);
+    free(after);
+    tg_replicas_free(r);
+    model_free(&m);
+}
+
+Test(replicas, two_workers_train_as_one)
+{
+    /* Adam steps on the same batches: the parameters stay within rounding
+     * of the single-worker run. */
+    model a, b;
+    model_new(&a, TG_F64, 32, 21);
+    model_new(&b, TG_F64, 32, 21);
+    tg_optim *oa = tg_optim_new(a.ps, &(tg_optim_opts){.kind = TG_OPTIM_ADAM, .lr = 1e-2,
+                                                       .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8});
+    tg_optim *ob = tg_optim_new(b.ps, &(tg_optim_opts){.kind = TG_OPTIM_ADAM, .lr = 1e-2,
+                                                       .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8});
+    tg_replicas *ra = tg_replicas_new(a.ps, NULL);
+    tg_replicas *rb = tg_replicas_new(b.ps, &(tg_replicas_opts){.workers = 2});
+    double first = 0, last = 0;
+    for (int s = 0; s < 20; s++) {
+        double la, lb;
+        tg_optim_zero_grad(oa);
+        tg_optim_zero_grad(ob);
+        cr_assert_eq(tg_replicas_step(ra, 2, (tg_tensor *[]){a.x, a.y}, mlp_loss, &a, &la), TG_OK);
+        cr_assert_eq(tg_replicas_step(rb, 2, (tg_tensor *[]){b.x, b.y}, mlp_loss, &b, &lb), TG_OK);
+        cr_assert(fabs(la - lb) <= 1e-10, "step %d: loss %g vs %g", s, la, lb);
+        cr_assert_eq(tg_optim_step(oa), TG_OK);
+        cr_assert_eq(tg_optim_step(ob), TG_OK);
+        if (s == 0) first = la;
+        last = la;
+    }
+    cr_assert(last < 0.8 * first, "trains: %g -> %g", first, last);
+    double *pa = tu_values(tg_params_flat(a.ps, TG_F64)), *pb = tu_values(tg_params_flat(b.ps, TG_F64));
+    for (int64_t i = 0; i < tg_params_numel(a.ps); i++)
+        cr_assert(fabs(pa[i] - pb[i]) <= 1e-9, "parameter %lld", (long long)i);
+    free(pa);
+    free(pb);
+    tg_replicas_free(ra);
+    tg_replicas_free(rb);
+    tg_optim_free(oa);
+    tg_optim_free(ob);
+    model_free(&a);
+    model_free(&b);
+}
