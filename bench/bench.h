@@ -327,6 +327,10 @@ int bench_rounds(bench_sample_fn fn, void *ctx, int nvar, const int *variant, co
 /* Runs one workload; res->ok tells whether it worked (res->error why not).
  * Returns 0 on success, -1 on failure. */
 int bench_run(const bench_workload *wl, const bench_suite_opts *opts, bench_result *res);
+/* ---- dp.c: `tapegrad bench dp`: data-parallel throughput on 1..max_workers
+ * worker threads for the mlp and the lstm (tg_replicas). 0 on success. */
+int bench_dp_cli(const bench_opts *o, int max_workers);
+
 /* ---- hvp.c: `tapegrad bench hvp`. A Hessian-vector product of wl's loss
  * w.r.t. all its parameters (forward, create_graph sweep, second sweep)
  * timed against wl's fwd+bwd in interleaved rounds. */

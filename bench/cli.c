@@ -12,12 +12,15 @@ void bench_cli_usage(FILE *f, const char *prog)
             "usage: %s [WORKLOAD...] [--threads N] [--policy P] [--json FILE] [--profile]\n"
             "       %*s [--quick] [--dot FILE]\n"
             "       %s hvp [--quick] [--threads N]\n"
+            "       %s dp [--quick] [--workers N]\n"
             "workloads (default: all, in this order):\n",
-            prog, (int)strlen(prog), "", prog);
+            prog, (int)strlen(prog), "", prog, prog);
     for (int i = 0; bench_workloads[i]; i++)
         fprintf(f, "  %-12s %s\n", bench_workloads[i]->name, bench_workloads[i]->desc);
     fprintf(f, "  hvp          (alone) a Hessian-vector product of the mlp and elementwise\n"
                "               losses, as a ratio to their fwd+bwd in the same rounds\n");
+    fprintf(f, "  dp           (alone) data-parallel train steps of the mlp and the lstm on 1..N\n"
+               "               worker threads (--workers N, default 2), samples/s and ratios\n");
     fprintf(f, "options:\n"
                "  --threads N    threads for OpenBLAS and tapegrad's elementwise pool\n"
                "                 (tg_set_num_threads); default: as OPENBLAS_NUM_THREADS says\n"
@@ -91,6 +94,8 @@ int bench_cli(const char *prog, int argc, char **argv)
     const bench_workload *sel[16];
     int nsel = 0;
     bool hvp = false; /* `hvp`: the second-order table (hvp.c) instead */
+    bool dp = false;  /* `dp`: the data-parallel table (dp.c) instead */
+    int workers = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         bool missing = false;
@@ -128,8 +133,18 @@ int bench_cli(const char *prog, int argc, char **argv)
             fprintf(stderr, "%s: unknown option '%s'\n\n", prog, a);
             bench_cli_usage(stderr, prog);
             return 2;
+        } else if ((v = opt_value(argc, argv, &i, "--workers", &missing))) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (!*v || *end || n < 2 || n > 6) {
+                fprintf(stderr, "%s: --workers needs an integer in [2, 6], got '%s'\n", prog, v);
+                return 2;
+            }
+            workers = (int)n;
         } else if (strcmp(a, "hvp") == 0) {
             hvp = true;
+        } else if (strcmp(a, "dp") == 0) {
+            dp = true;
         } else {
             const bench_workload *w = bench_workload_find(a);
             if (!w) {
@@ -142,6 +157,15 @@ int bench_cli(const char *prog, int argc, char **argv)
                 dup |= sel[k] == w;
             if (!dup && nsel < (int)(sizeof sel / sizeof sel[0])) sel[nsel++] = w;
         }
+    }
+    if (dp) {
+        if (hvp || nsel || json || o.profile || o.dot_path || o.threads ||
+            o.policy != BENCH_POLICY_NONE) {
+            fprintf(stderr, "%s: dp runs alone (with --quick or --workers only)\n", prog);
+            return 2;
+        }
+        bench_opts bo = {.quick = o.quick};
+        return bench_dp_cli(&bo, workers);
     }
     if (hvp) {
         if (nsel || json || o.profile || o.dot_path || o.policy != BENCH_POLICY_NONE) {

@@ -42,6 +42,19 @@ typedef struct worker {
     double end_s; /* when its backward ended */
 } worker;
 
+typedef struct reduce_seg reduce_seg;
+
+/* One parameter's part of the reduce: dst (+)= sum_k s[k] * src[k], the
+ * sum taken in worker order. */
+struct reduce_seg {
+    void *dst;
+    const void *src[TG_REPLICAS_MAX_WORKERS];
+    double s[TG_REPLICAS_MAX_WORKERS];
+    int nsrc;
+    bool add, f64;
+    int64_t n;
+};
+
 struct tg_replicas {
     tg_params *ps;
     tg_replicas_opts o;
@@ -59,6 +72,10 @@ struct tg_replicas {
     void *ud;
     tg_backend backend;
     double t0, compute_s, reduce_s;
+    bool reducing; /* the round is the reduce, not a step */
+    reduce_seg *seg; /* one per trainable parameter */
+    int nseg;
+    int64_t reduce_total;
 };
 
 static double now_s(void)
@@ -114,6 +131,9 @@ static tg_status make_leaves(tg_replicas *r)
     tg_params *ps = r->ps;
     int n = 0;
     for (int i = 0; i < ps->n; i++) n += ps->p[i].pool < TG__POOL_TRAINABLE;
+    free(r->seg);
+    r->seg = n ? malloc((size_t)n * sizeof *r->seg) : NULL;
+    if (n && !r->seg) return tg__err(TG_ERR_NOMEM, "out of memory for the replicas' reduce");
     for (int k = 0; k < r->o.workers; k++) {
         worker *w = &r->w[k];
         replica_clear(w);
@@ -207,6 +227,8 @@ static void run_shard(tg_replicas *r, worker *w)
     w->end_s = now_s();
 }
 
+static void reduce_part(const tg_replicas *r, int part, int parts);
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
@@ -218,7 +240,10 @@ static void *worker_main(void *arg)
         if (r->quit) break;
         seen = r->round;
         pthread_mutex_unlock(&r->mu);
-        run_shard(r, w);
+        if (r->reducing)
+            reduce_part(r, w->index, r->o.workers);
+        else
+            run_shard(r, w);
         pthread_mutex_lock(&r->mu);
         if (--r->pending == 0) pthread_cond_signal(&r->done);
     }
@@ -297,6 +322,7 @@ void tg_replicas_free(tg_replicas *r)
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->go);
     pthread_cond_destroy(&r->done);
+    free(r->seg);
     free(r->w);
     free(r);
 }
@@ -348,51 +374,116 @@ static tg_status check_inputs(int n, tg_tensor *const *inputs, int64_t *rows)
     return TG_OK;
 }
 
-/* dst[j] (+)= sum_k s[k] * src[k][j], in worker order. */
-#define REDUCE_LOOP(T)                                                                    \
+/* Elements [lo, lo + n) of seg, in blocks small enough to stay in L1: the
+ * sum is built in acc one source at a time (vectorised loops), in the same
+ * order as an element-by-element sum, then stored or added. */
+#define REDUCE_BLOCK 512
+#define REDUCE_RANGE(T)                                                                   \
     do {                                                                                  \
-        T *d = dst;                                                                       \
-        for (int64_t j = 0; j < n; j++) {                                                 \
-            T acc = (T)s[0] * ((const T *)src[0])[j];                                     \
-            for (int k = 1; k < nsrc; k++) acc += (T)s[k] * ((const T *)src[k])[j];       \
-            d[j] = add ? d[j] + acc : acc;                                                \
+        T acc[REDUCE_BLOCK], *d = (T *)g->dst + lo;                                       \
+        for (int64_t b = 0; b < n; b += REDUCE_BLOCK) {                                   \
+            int64_t m = n - b < REDUCE_BLOCK ? n - b : REDUCE_BLOCK;                      \
+            const T *x = (const T *)g->src[0] + lo + b;                                   \
+            T s0 = (T)g->s[0];                                                            \
+            for (int64_t j = 0; j < m; j++) acc[j] = s0 * x[j];                           \
+            for (int k = 1; k < g->nsrc; k++) {                                           \
+                const T *y = (const T *)g->src[k] + lo + b;                               \
+                T sk = (T)g->s[k];                                                        \
+                for (int64_t j = 0; j < m; j++) acc[j] += sk * y[j];                      \
+            }                                                                             \
+            if (g->add)                                                                   \
+                for (int64_t j = 0; j < m; j++) d[b + j] += acc[j];                       \
+            else                                                                          \
+                for (int64_t j = 0; j < m; j++) d[b + j] = acc[j];                        \
         }                                                                                 \
     } while (0)
 
-static void reduce_into(tg_dtype dtype, void *dst, const void *const *src, const double *s,
-                        int nsrc, int64_t n, bool add)
+static void reduce_range(const reduce_seg *g, int64_t lo, int64_t n)
 {
-    if (dtype == TG_F32)
-        REDUCE_LOOP(float);
+    if (g->f64)
+        REDUCE_RANGE(double);
     else
-        REDUCE_LOOP(double);
+        REDUCE_RANGE(float);
 }
 
-/* Adds the workers' gradients into ps's flat buffer. */
-static tg_status reduce(tg_replicas *r, int64_t rows)
+/* Part `part` of `parts` of the reduce: an equal share of all the
+ * segments' elements (each element is summed by one thread, in the same
+ * order whatever the split, so the bits do not depend on it). */
+static void reduce_part(const tg_replicas *r, int part, int parts)
+{
+    int64_t lo = r->reduce_total * part / parts, hi = r->reduce_total * (part + 1) / parts;
+    int64_t base = 0;
+    for (int i = 0; i < r->nseg && base < hi; i++) {
+        const reduce_seg *g = &r->seg[i];
+        int64_t a = lo > base ? lo - base : 0, b = hi - base < g->n ? hi - base : g->n;
+        if (a < b) reduce_range(g, a, b - a);
+        base += g->n;
+    }
+}
+
+/* Lays out the reduce of the workers' gradients into ps's flat buffer (on
+ * the calling thread; the sums themselves run on every worker). A
+ * parameter whose gradient is still a tensor of its own (from a plain
+ * tg_backward) is moved into the flat buffer first, as
+ * tg_params_sync_grad would; one without a gradient is overwritten. */
+static tg_status reduce_plan(tg_replicas *r, int64_t rows)
 {
     tg_params *ps = r->ps;
-    tg_status st = tg_params_sync_grad(ps);
-    if (st) return st;
     const worker *w0 = &r->w[0];
+    r->nseg = 0;
+    r->reduce_total = 0;
     for (int j = 0; j < w0->rep.n; j++) {
         tg__param *p = &ps->p[w0->param_of[j]];
-        const void *src[TG_REPLICAS_MAX_WORKERS];
-        double s[TG_REPLICAS_MAX_WORKERS];
-        int nsrc = 0;
+        reduce_seg *g = &r->seg[r->nseg];
+        g->nsrc = 0;
         for (int k = 0; k < r->o.workers; k++) {
-            const tg_tensor *g = r->w[k].rep.leaves[j]->grad;
-            if (!g || r->w[k].rows == 0) continue;
-            src[nsrc] = tg__tensor_ptr(g);
-            s[nsrc++] = r->o.reduce == TG_REDUCE_MEAN ? (double)r->w[k].rows / (double)rows : 1.0;
+            const tg_tensor *gk = r->w[k].rep.leaves[j]->grad;
+            if (!gk || r->w[k].rows == 0) continue;
+            g->src[g->nsrc] = tg__tensor_ptr(gk);
+            g->s[g->nsrc++] =
+                r->o.reduce == TG_REDUCE_MEAN ? (double)r->w[k].rows / (double)rows : 1.0;
         }
-        if (!nsrc) continue;
+        if (!g->nsrc) continue;
         tg_tensor *v = p->value;
-        bool had = v->grad != NULL;
-        reduce_into(v->dtype, tg__tensor_ptr(p->gview), src, s, nsrc, p->numel, had);
-        if (!had) v->grad = tg_tensor_retain(p->gview);
+        if (v->grad && v->grad != p->gview) {
+            size_t nbytes = (size_t)p->numel * tg_dtype_size(v->dtype);
+            tg_status st = tg_tensor_copy_out(v->grad, tg__tensor_ptr(p->gview), nbytes);
+            if (st) return st;
+            tg_tensor_release(v->grad);
+            v->grad = tg_tensor_retain(p->gview);
+        }
+        g->add = v->grad != NULL;
+        if (!v->grad) v->grad = tg_tensor_retain(p->gview);
+        g->dst = tg__tensor_ptr(p->gview);
+        g->f64 = v->dtype == TG_F64;
+        g->n = p->numel;
+        r->reduce_total += g->n;
+        r->nseg++;
     }
     return TG_OK;
+}
+
+/* Runs one round on every worker, part 0 on the calling thread. */
+static void run_round(tg_replicas *r, bool reducing)
+{
+    int nw = r->o.workers;
+    r->reducing = reducing;
+    if (nw > 1) {
+        pthread_mutex_lock(&r->mu);
+        r->pending = nw - 1;
+        r->round++;
+        pthread_cond_broadcast(&r->go);
+        pthread_mutex_unlock(&r->mu);
+    }
+    if (reducing)
+        reduce_part(r, 0, nw);
+    else
+        run_shard(r, &r->w[0]);
+    if (nw > 1) {
+        pthread_mutex_lock(&r->mu);
+        while (r->pending) pthread_cond_wait(&r->done, &r->mu);
+        pthread_mutex_unlock(&r->mu);
+    }
 }
 
 tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_replica_fn fn,
@@ -424,30 +515,18 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
     r->ud = userdata;
     r->backend = tg_default_backend();
     r->t0 = now_s();
-    if (nw > 1) {
-        pthread_mutex_lock(&r->mu);
-        r->pending = nw - 1;
-        r->round++;
-        pthread_cond_broadcast(&r->go);
-        pthread_mutex_unlock(&r->mu);
-    }
-    run_shard(r, &r->w[0]);
-    if (nw > 1) {
-        pthread_mutex_lock(&r->mu);
-        while (r->pending) pthread_cond_wait(&r->done, &r->mu);
-        pthread_mutex_unlock(&r->mu);
-    }
-    if (nw > 1 && prev_threads != 1) tg_set_num_threads(prev_threads);
+    run_round(r, false);
     double end = r->t0;
     for (int k = 0; k < nw; k++) end = r->w[k].end_s > end ? r->w[k].end_s : end;
     r->compute_s = end - r->t0;
     r->inputs = NULL;
-    for (int k = 0; k < nw; k++)
-        if (r->w[k].status)
-            return tg__err(r->w[k].status, "worker %d: %s", k, r->w[k].message);
+    for (int k = 0; k < nw && !st; k++)
+        if (r->w[k].status) st = tg__err(r->w[k].status, "worker %d: %s", k, r->w[k].message);
     double t1 = now_s();
-    st = reduce(r, rows);
+    if (!st) st = reduce_plan(r, rows);
+    if (!st) run_round(r, true);
     r->reduce_s = now_s() - t1;
+    if (nw > 1 && prev_threads != 1) tg_set_num_threads(prev_threads);
     if (st) return st;
     if (loss) {
         double l = 0;

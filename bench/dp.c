@@ -1,0 +1,274 @@
+/* dp.c - `tapegrad bench dp`: data-parallel training throughput on worker
+ * threads (tg_replicas), in samples per second, for the mlp and the lstm.
+ * Each round times, interleaved:
+ *   plain    one tape, tg_backward, 1 thread (the ordinary loop)
+ *   1w       tg_replicas_step with 1 worker, 1 thread
+ *   1w+blas  1 worker, OpenBLAS and the pool at every cpu (tg_set_num_threads)
+ *   Nw       N workers (2..--workers), one thread each
+ * Every step is zero_grad + forward + backward (+ reduce) + an SGD step.
+ * Ratios are medians of per-round ratios to 1w. Before timing, the N-worker
+ * gradient is checked against the 1-worker one. The MPI counterpart runs
+ * under mpirun (`tapegrad bench dp --mpi`, dist.c). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#define DP_MAX_VARIANTS 8
+
+typedef struct dp_model {
+    const char *name, *desc;
+    int64_t batch;
+    tg_params *ps;
+    tg_linear *fc[3];
+    tg_lstm_cell *cell;
+    tg_tensor *x, *y; /* y: labels (mlp) or NULL */
+} dp_model;
+
+/* mlp: the suite's 784-512-512-10 ReLU MLP, batch 128, cross-entropy.
+ * lstm: the suite's cell 32 -> 128 over 32 steps, batch 32, x stored
+ * (B, T*I) so the batch is dim 0; loss mean(h^2 + c^2) / 2. */
+#define DP_T 32
+#define DP_I 32
+#define DP_H 128
+
+static tg_tensor *dp_loss(void *ud, const tg_replica_info *info, int n, tg_tensor *const *in)
+{
+    const dp_model *m = ud;
+    (void)n;
+    if (!m->cell) {
+        tg_tensor *h = tg_relu(tg_linear_forward(m->fc[0], in[0]));
+        h = tg_relu(tg_linear_forward(m->fc[1], h));
+        return tg_cross_entropy(tg_linear_forward(m->fc[2], h), in[1]);
+    }
+    int64_t b = info->rows;
+    tg_tensor *h = tg_zeros(TG_F32, 2, (int64_t[]){b, DP_H}), *c = tg_zeros(TG_F32, 2, (int64_t[]){b, DP_H});
+    for (int t = 0; t < DP_T && h; t++) {
+        tg_tensor *xt = tg_narrow(in[0], 1, (int64_t)t * DP_I, DP_I);
+        if (tg_lstm_cell_forward(m->cell, xt, h, c, &h, &c)) return NULL;
+    }
+    return tg_mul_scalar(tg_add(tg_mean(tg_mul(h, h)), tg_mean(tg_mul(c, c))), 0.5);
+}
+
+static void dp_model_free(dp_model *m)
+{
+    for (int i = 0; i < 3; i++) tg_linear_free(m->fc[i]);
+    tg_lstm_cell_free(m->cell);
+    tg_tensor_release(m->x);
+    tg_tensor_release(m->y);
+    tg_params_free(m->ps);
+}
+
+static int dp_model_new(dp_model *m, bool lstm, char *err, size_t errlen)
+{
+    memset(m, 0, sizeof *m);
+    tg_rng rng;
+    tg_rng_seed(&rng, 77);
+    m->ps = tg_params_new();
+    bool ok = m->ps != NULL;
+    if (!lstm) {
+        m->name = "mlp";
+        m->desc = "784-512-512-10 ReLU, cross-entropy";
+        m->batch = BENCH_MLP_BATCH;
+        const int *d = bench_mlp_dims;
+        for (int i = 0; i < 3 && ok; i++) {
+            char name[8] = {'f', 'c', (char)('1' + i), 0};
+            ok = (m->fc[i] = tg_linear_new(m->ps, name, d[i], d[i + 1], true, TG_F32, &rng));
+        }
+        if (ok) ok = (m->x = tg_rand_normal(&rng, TG_F32, 2, (int64_t[]){m->batch, d[0]}, 0, 1));
+        tg_tensor *u = ok ? tg_rand_uniform(&rng, TG_F64, 1, (int64_t[]){m->batch}, 0, d[3] - 1e-9)
+                          : NULL;
+        if (ok) ok = u && (m->y = tg_cast(u, TG_I64));
+        tg_tensor_release(u);
+    } else {
+        m->name = "lstm";
+        m->desc = "LSTM cell 32->128, 32 steps, mean(h^2+c^2)/2";
+        m->batch = 32;
+        ok = ok && (m->cell = tg_lstm_cell_new(m->ps, "lstm", DP_I, DP_H, TG_F32, &rng));
+        if (ok) ok = (m->x = tg_rand_normal(&rng, TG_F32, 2, (int64_t[]){m->batch, DP_T * DP_I}, 0, 1));
+    }
+    if (!ok) {
+        dp_model_free(m);
+        return bench_lib_fail(err, errlen, "dp model");
+    }
+    return 0;
+}
+
+typedef struct dp_ctx {
+    dp_model m;
+    tg_optim *opt;
+    tg_tape *tape;            /* plain */
+    tg_replicas *rep[DP_MAX_VARIANTS]; /* by worker count */
+    int nvar;
+    int workers[DP_MAX_VARIANTS], threads[DP_MAX_VARIANTS];
+    bool plain[DP_MAX_VARIANTS];
+    double reduce_s[DP_MAX_VARIANTS], compute_s[DP_MAX_VARIANTS];
+    long steps[DP_MAX_VARIANTS];
+} dp_ctx;
+
+static int dp_inputs(const dp_ctx *c, tg_tensor **in)
+{
+    in[0] = c->m.x;
+    in[1] = c->m.y;
+    return c->m.y ? 2 : 1;
+}
+
+static tg_status dp_step(dp_ctx *c, int v)
+{
+    tg_tensor *in[2];
+    int n = dp_inputs(c, in);
+    tg_optim_zero_grad(c->opt);
+    tg_status st;
+    if (c->plain[v]) {
+        tg_scope_begin();
+        tg_replica_info info = {.workers = 1, .tape = c->tape, .rows = c->m.batch};
+        tg_tensor *loss = dp_loss(&c->m, &info, n, in);
+        st = loss ? tg_backward(loss) : tg_last_error();
+        tg_scope_end();
+        tg_tape_reset(c->tape);
+    } else {
+        st = tg_replicas_step(c->rep[v], n, in, dp_loss, &c->m, NULL);
+        double comp, red;
+        tg_replicas_last_timing(c->rep[v], &comp, &red);
+        c->compute_s[v] += comp;
+        c->reduce_s[v] += red;
+        c->steps[v]++;
+    }
+    return st ? st : tg_optim_step(c->opt);
+}
+
+static int dp_sample(void *ctx, int v, long reps)
+{
+    dp_ctx *c = ctx;
+    if (tg_set_num_threads(c->threads[v])) return -1;
+    for (long i = 0; i < reps; i++)
+        if (dp_step(c, v)) return -1;
+    return 0;
+}
+
+/* The flat gradient of one replica step of variant v (caller frees). */
+static float *dp_grad(dp_ctx *c, int v, int64_t *n)
+{
+    tg_tensor *in[2];
+    int k = dp_inputs(c, in);
+    tg_optim_zero_grad(c->opt);
+    if (tg_set_num_threads(c->threads[v]) ||
+        tg_replicas_step(c->rep[v], k, in, dp_loss, &c->m, NULL))
+        return NULL;
+    tg_tensor *g = tg_params_flat_grad(c->m.ps, TG_F32);
+    float *out = g ? bench_copy_f32(g) : NULL;
+    *n = g ? tg_tensor_numel(g) : 0;
+    tg_tensor_release(g);
+    return out;
+}
+
+static int dp_run(bool lstm, int max_workers, bool quick)
+{
+    dp_ctx c = {0};
+    char err[512] = "";
+    int rc = 1;
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu < 1) ncpu = 1;
+    if (dp_model_new(&c.m, lstm, err, sizeof err)) {
+        fprintf(stderr, "tapegrad bench dp: %s\n", err);
+        return 1;
+    }
+    c.opt = tg_optim_new(c.m.ps, &(tg_optim_opts){.kind = TG_OPTIM_SGD, .lr = 1e-6});
+    c.tape = tg_tape_new(NULL);
+    bool ok = c.opt && c.tape && !tg_params_requires_grad(c.m.ps, c.tape);
+    /* Variants: plain, 1w, 1w+blas (when there are several cpus), 2w.. */
+    c.plain[c.nvar] = true, c.workers[c.nvar] = 1, c.threads[c.nvar++] = 1;
+    c.workers[c.nvar] = 1, c.threads[c.nvar++] = 1;
+    if (ncpu > 1) c.workers[c.nvar] = 1, c.threads[c.nvar++] = ncpu;
+    for (int w = 2; w <= max_workers && c.nvar < DP_MAX_VARIANTS; w++)
+        c.workers[c.nvar] = w, c.threads[c.nvar++] = 1;
+    for (int v = 0; v < c.nvar && ok; v++)
+        if (!c.plain[v])
+            ok = (c.rep[v] = tg_replicas_new(c.m.ps, &(tg_replicas_opts){.workers = c.workers[v]}));
+    if (!ok) {
+        fprintf(stderr, "tapegrad bench dp: setup: %s\n", tg_last_error_message());
+        goto out;
+    }
+    /* Check: every variant's gradient against 1 worker's. */
+    int64_t n = 0, n2 = 0;
+    float *g1 = dp_grad(&c, 1, &n);
+    double worst = 0;
+    for (int v = 2; v < c.nvar && g1; v++) {
+        float *g = dp_grad(&c, v, &n2);
+        if (!g || n2 != n) {
+            free(g);
+            free(g1);
+            g1 = NULL;
+            break;
+        }
+        double gmax = 0;
+        for (int64_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(g1[i]));
+        for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(g[i] - g1[i]) / fmax(gmax, 1e-30));
+        free(g);
+    }
+    if (!g1 || worst > 1e-4) {
+        fprintf(stderr, "tapegrad bench dp: %s: gradient check failed (%s; worst %.3g)\n",
+                c.m.name, g1 ? "mismatch" : tg_last_error_message(), worst);
+        free(g1);
+        goto out;
+    }
+    free(g1);
+    long reps[DP_MAX_VARIANTS];
+    for (int v = 0; v < c.nvar; v++)
+        if (bench_calibrate(dp_sample, &c, v, quick ? 2e6 : 5e7, &reps[v])) {
+            fprintf(stderr, "tapegrad bench dp: calibration: %s\n", tg_last_error_message());
+            goto out;
+        }
+    for (int v = 0; v < c.nvar; v++) c.compute_s[v] = c.reduce_s[v] = 0, c.steps[v] = 0;
+    int runs = quick ? 3 : 11; /* at most 64 (the ratio array) */
+    double *t[DP_MAX_VARIANTS] = {0};
+    bool mem = true;
+    for (int v = 0; v < c.nvar; v++) mem &= (t[v] = calloc((size_t)runs, sizeof(double))) != NULL;
+    if (!mem || bench_rounds(dp_sample, &c, c.nvar, NULL, reps, 1, runs, t)) {
+        fprintf(stderr, "tapegrad bench dp: timing: %s\n", mem ? tg_last_error_message() : "OOM");
+    } else {
+        printf("%-5s batch %lld: %s; check: worst gradient difference %.2g of max |g|\n",
+               c.m.name, (long long)c.m.batch, c.m.desc, worst);
+        for (int v = 0; v < c.nvar; v++) {
+            double ratio[64];
+            for (int r = 0; r < runs; r++) ratio[r] = t[1][r] / t[v][r];
+            bench_stat s = bench_stat_of(t[v], runs);
+            char what[32];
+            if (c.plain[v])
+                snprintf(what, sizeof what, "plain tape");
+            else
+                snprintf(what, sizeof what, "%d worker%s, %d thr", c.workers[v],
+                         c.workers[v] > 1 ? "s" : "", c.threads[v]);
+            double red = c.steps[v] ? 100.0 * c.reduce_s[v] / (c.compute_s[v] + c.reduce_s[v]) : 0;
+            printf("  %-20s %10.3f ms/step %10.0f samples/s %7.2fx", what, s.median / 1e6,
+                   (double)c.m.batch / (s.median / 1e9), bench_median(ratio, runs));
+            if (!c.plain[v]) printf("   reduce %4.1f%% of the step", red);
+            printf("\n");
+        }
+        rc = 0;
+    }
+    for (int v = 0; v < c.nvar; v++) free(t[v]);
+out:
+    for (int v = 0; v < c.nvar; v++) tg_replicas_free(c.rep[v]);
+    tg_optim_free(c.opt);
+    tg_tape_free(c.tape);
+    dp_model_free(&c.m);
+    return rc;
+}
+
+int bench_dp_cli(const bench_opts *o, int max_workers)
+{
+    bench_env env;
+    bench_env_get(&env);
+    bench_print_env(stdout, &env);
+    int prev = tg_num_threads();
+    printf("data-parallel train steps on worker threads (tg_replicas): zero_grad, forward,\n"
+           "backward, reduce, SGD step; median over interleaved rounds; ratios are the\n"
+           "throughput against 1 worker on 1 thread in the same rounds%s\n\n",
+           o->quick ? " (quick: not a measurement)" : "");
+    int failed = dp_run(false, max_workers, o->quick) + dp_run(true, max_workers, o->quick);
+    tg_set_num_threads(prev);
+    return failed ? 1 : 0;
+}
