@@ -61,6 +61,22 @@ left=$(ls -A "$tmp/lim")
 run train digits --epochs=1 --quiet --data "$data" --save="$tmp/m.safetensors"
 [[ $rc == 0 && -f $tmp/m.safetensors ]] || fail "a good run failed (rc $rc): $err"
 
+# Data-parallel worker threads (issue 16): same accuracy band as one thread;
+# one worker is the plain loop's arithmetic, so the same accuracy exactly.
+acc_of() { sed -n 's/^test accuracy \([0-9.]*\).*/\1/p' <<<"$out"; }
+run train digits --epochs=5 --quiet --data "$data" --save="$tmp/m0.safetensors"
+acc0=$(acc_of)
+run train digits --epochs=5 --quiet --data "$data" --save="$tmp/m1.safetensors" --workers 1
+acc1=$(acc_of)
+[[ $rc == 0 && $acc1 == "$acc0" ]] || fail "--workers 1: accuracy $acc1, plain loop $acc0 (rc $rc): $err"
+run train digits --epochs=5 --quiet --data "$data" --save="$tmp/m2.safetensors" --workers 3
+acc3=$(acc_of)
+[[ $rc == 0 && $out == *"data-parallel: 3 worker threads"* ]] || fail "--workers 3 (rc $rc): $err"
+awk -v a="$acc3" -v b="$acc0" 'BEGIN { d = a - b; exit !(a >= 0.9 && d < 0.02 && d > -0.02) }' ||
+    fail "--workers 3: test accuracy $acc3, plain loop $acc0 (want within 0.02, >= 0.9)"
+run train digits --workers 65 --data "$data"
+[[ $rc == 2 && $err == *"--workers needs an integer in [0, 64]"* ]] || fail "--workers 65 (rc $rc): $err"
+
 if [[ $fails != 0 ]]; then
     echo "$fails CLI checks failed" >&2
     exit 1

@@ -6,6 +6,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static tg_tensor *leaf(tg_tape *tape, int64_t n, const double *v)
@@ -629,4 +630,93 @@ Test(tape, second_backward_adds_in_place_unless_the_gradient_is_retained)
     cr_expect(v[0] == 6.0 && v[1] == -8.0, "the snapshot changed to %g %g", v[0], v[1]);
     tg_tensor_release(snap);
     tg_tape_free(tape);
+}
+
+/* ---- Gradient-ready notification (tg_tape_set_grad_ready). */
+typedef struct {
+    int n;
+    tg_tensor *leaf[8];
+    double first[8]; /* the gradient's first element when notified, NaN if NULL */
+    int nodes_seen[8];
+    int nodes;       /* nodes swept so far (post hook) */
+    int fail_at;     /* notification index that fails, -1 none */
+} ready_log;
+
+static double first_elem(const tg_tensor *t)
+{
+    double *v = tu_values(t), x = v[0];
+    free(v);
+    return x;
+}
+
+static tg_status log_ready(tg_tensor *leaf, const tg_tensor *grad, void *ud)
+{
+    ready_log *l = ud;
+    if (l->n == l->fail_at) return TG_ERR_INVALID;
+    l->leaf[l->n] = leaf;
+    l->first[l->n] = grad ? first_elem(grad) : NAN;
+    l->nodes_seen[l->n++] = l->nodes;
+    return TG_OK;
+}
+
+static tg_status count_node(const tg_node_info *node, tg_tensor *const *gin, void *ud)
+{
+    (void)node;
+    (void)gin;
+    ((ready_log *)ud)->nodes++;
+    return TG_OK;
+}
+
+Test(tape, grad_ready_notifies_each_leaf_once_its_gradient_is_whole)
+{
+    /* loss = sum(tanh(tanh(a * x) * b) * c) + 0 * u: a is read first (its
+     * gradient completes last), c last; u feeds a branch that adds zero. */
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = T64((3), 0.5, -1.0, 2.0);
+    tg_tensor *a = T64((3), 0.3, 0.2, 0.1), *b = T64((3), 1.5, -0.5, 0.7),
+              *c = T64((3), 2.0, 1.0, -1.0), *u = T64((1), 4.0);
+    tg_tensor *leaves[] = {a, b, c, u};
+    for (int i = 0; i < 4; i++) cr_assert_eq(tg_requires_grad(tape, leaves[i]), TG_OK);
+    ready_log log = {.fail_at = -1};
+    cr_assert_eq(tg_tape_set_grad_ready(tape, log_ready, &log), TG_OK);
+    cr_assert_eq(tg_tape_set_node_hooks(tape, NULL, count_node, &log), TG_OK);
+    tg_scope_begin();
+    tg_tensor *main_path = tg_sum(tg_mul(tg_tanh(tg_mul(tg_tanh(tg_mul(a, x)), b)), c));
+    tg_tensor *loss = tg_add(main_path, tg_sum(tg_mul_scalar(u, 0.0)));
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    int total = log.nodes;
+    cr_assert_eq(log.n, 4, "one notification per leaf the record uses, got %d", log.n);
+    /* u's branch is recorded last, so it completes first; then c, b, a. */
+    tg_tensor *order[] = {u, c, b, a};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(log.leaf[i], order[i], "notification %d", i);
+        cr_assert_eq(log.first[i], first_elem(tg_grad(order[i])), "leaf %d: the whole gradient",
+                     i);
+    }
+    cr_assert(log.nodes_seen[1] < total && log.nodes_seen[2] < total,
+              "c and b are notified while the sweep goes on (%d, %d of %d nodes)",
+              log.nodes_seen[1], log.nodes_seen[2], total);
+    tg_scope_end();
+    tg_tape_reset(tape);
+
+    /* A failing notification fails the backward and changes no leaf. */
+    double ga = first_elem(tg_grad(a));
+    log = (ready_log){.fail_at = 2};
+    tg_scope_begin();
+    loss = tg_sum(tg_mul(tg_tanh(tg_mul(tg_tanh(tg_mul(a, x)), b)), c));
+    cr_assert_eq(tg_backward(loss), TG_ERR_INVALID);
+    cr_assert_eq(first_elem(tg_grad(a)), ga);
+    tg_scope_end();
+    tg_tape_reset(tape);
+    /* Off again: nothing is called. */
+    cr_assert_eq(tg_tape_set_grad_ready(tape, NULL, NULL), TG_OK);
+    log = (ready_log){.fail_at = 0};
+    tg_scope_begin();
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(a, x))), TG_OK);
+    cr_assert_eq(log.n, 0);
+    tg_scope_end();
+    cr_assert_eq(tg_tape_set_grad_ready(NULL, log_ready, NULL), TG_ERR_NULL);
+    tg_tape_free(tape);
+    for (int i = 0; i < 4; i++) tg_tensor_release(leaves[i]);
+    tg_tensor_release(x);
 }

@@ -22,7 +22,7 @@
 #endif
 
 typedef struct {
-    int64_t epochs, batch, hidden, seed;
+    int64_t epochs, batch, hidden, seed, workers;
     double lr;
     const char *data, *save;
     bool quiet;
@@ -92,6 +92,22 @@ static float *evaluate(const mlp *m, const tg_dataset *test, double *acc)
     return out;
 }
 
+/* The replicas' loss (--workers): cross-entropy of the shard, and the
+ * shard's correct predictions counted per worker. */
+typedef struct {
+    const mlp *m;
+    int64_t hits[TG_REPLICAS_MAX_WORKERS];
+} shard_ctx;
+
+static tg_tensor *shard_loss(void *ud, const tg_replica_info *info, int n, tg_tensor *const *in)
+{
+    shard_ctx *c = ud;
+    (void)n;
+    tg_tensor *logits = mlp_forward(c->m, in[0]);
+    c->hits[info->worker] = logits ? correct(tg_detach(logits), in[1]) : 0;
+    return tg_cross_entropy(logits, in[1]);
+}
+
 static void progress(bool tty, int64_t epoch, int64_t epochs, int64_t b, int64_t nb, double loss,
                      double acc)
 {
@@ -117,7 +133,7 @@ static bool params_finite(tg_params *ps)
 
 static const char train_usage[] =
     "usage: tapegrad train digits [--epochs N] [--lr X] [--seed S] [--batch B] [--hidden H]\n"
-    "                             [--save FILE] [--data CSV] [--quiet]\n"
+    "                             [--save FILE] [--data CSV] [--workers N] [--quiet]\n"
     "\n"
     "Train an MLP 64-H-10 (ReLU, Adam) on the 8x8 digits, report the test accuracy, save the\n"
     "parameters, reload them into a fresh model and check its logits are bitwise the same.\n"
@@ -130,6 +146,9 @@ static const char train_usage[] =
     "               to be writable before training)\n"
     "  --data CSV   the data set, 64 features and a label per row, plain or gzip (default\n"
     "               data/digits.csv.gz)\n"
+    "  --workers N  data-parallel worker threads (default 0: the plain loop on one tape);\n"
+    "               each mini-batch is split across N replicas whose gradients are summed\n"
+    "               (tg_replicas; OpenBLAS then runs one thread per worker)\n"
     "  --quiet      no per-epoch lines\n"
     "Options take their value as the next argument or after '=' (--epochs=3).\n"
     "exit status: 0 success, 1 a library call or the reload check failed, 2 usage error\n";
@@ -153,7 +172,7 @@ static int parse(int argc, char **argv, train_opts *o)
             continue;
         }
         static const char *const known[] = {"--epochs", "--batch", "--hidden", "--seed",
-                                            "--lr",     "--save",  "--data"};
+                                            "--lr",     "--save",  "--data",   "--workers"};
         bool ok = false;
         for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
             ok |= strcmp(name, known[k]) == 0;
@@ -176,6 +195,9 @@ static int parse(int argc, char **argv, train_opts *o)
         } else if (strcmp(name, "--batch") == 0) {
             if (!cli_parse_int(cmd, name, v, 1, 1 << 20, &iv)) return CLI_USAGE;
             o->batch = iv;
+        } else if (strcmp(name, "--workers") == 0) {
+            if (!cli_parse_int(cmd, name, v, 0, TG_REPLICAS_MAX_WORKERS, &iv)) return CLI_USAGE;
+            o->workers = iv;
         } else if (strcmp(name, "--hidden") == 0) {
             if (!cli_parse_int(cmd, name, v, 1, 1 << 16, &iv)) return CLI_USAGE;
             o->hidden = iv;
@@ -274,6 +296,8 @@ int cli_train(int argc, char **argv)
     tg_optim *opt = NULL;
     tg_tape *tape = NULL;
     tg_batches *it = NULL;
+    tg_replicas *rep = NULL;
+    shard_ctx sc = {.m = &m};
     float *logits1 = NULL, *logits2 = NULL;
     if (mlp_new(&m, 64, o.hidden, classes, (uint64_t)o.seed + 1)) {
         cli_lib_error("train", "building the model");
@@ -284,6 +308,15 @@ int cli_train(int argc, char **argv)
     opt = tg_optim_new(m.ps, &oo);
     tape = tg_tape_new(NULL);
     it = tg_batches_new(train, o.batch, true, (uint64_t)o.seed + 2);
+    if (o.workers > 0) {
+        rep = tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = (int)o.workers});
+        if (!rep) {
+            cli_lib_error("train", "starting the workers");
+            goto out;
+        }
+        printf("data-parallel: %lld worker threads, each mini-batch split across them\n",
+               (long long)o.workers);
+    }
     if (!opt || !tape || !it || tg_params_requires_grad(m.ps, tape)) {
         cli_lib_error("train", "setting up training");
         goto out;
@@ -299,11 +332,21 @@ int cli_train(int argc, char **argv)
         while (tg_batches_next(it, &x, &y)) {
             tg_scope_begin();
             tg_optim_zero_grad(opt);
-            tg_tensor *logits = mlp_forward(&m, x);
-            tg_tensor *loss = tg_cross_entropy(logits, y);
+            tg_tensor *logits = NULL, *loss = NULL;
             double lv = 0;
-            if (!loss || tg_tensor_item(loss, &lv) ||
-                (isfinite(lv) && (tg_backward(loss) || tg_optim_step(opt)))) {
+            bool failed;
+            if (rep) {
+                /* The replicas' backward runs before the loss is seen:
+                 * a non-finite loss still stops before the step. */
+                failed = tg_replicas_step(rep, 2, (tg_tensor *[]){x, y}, shard_loss, &sc, &lv) ||
+                         (isfinite(lv) && tg_optim_step(opt));
+            } else {
+                logits = mlp_forward(&m, x);
+                loss = tg_cross_entropy(logits, y);
+                failed = !loss || tg_tensor_item(loss, &lv) ||
+                         (isfinite(lv) && (tg_backward(loss) || tg_optim_step(opt)));
+            }
+            if (failed) {
                 tg_scope_end();
                 tg_scope_end();
                 cli_lib_error("train", "training step");
@@ -323,7 +366,10 @@ int cli_train(int argc, char **argv)
             int64_t bsz = tg_tensor_dim(y, 0);
             loss_sum += lv * (double)bsz;
             seen += bsz;
-            hits += correct(tg_detach(logits), y);
+            if (rep)
+                for (int k = 0; k < tg_replicas_workers(rep); k++) hits += sc.hits[k];
+            else
+                hits += correct(tg_detach(logits), y);
             tg_scope_end();
             tg_tape_reset(tape);
             steps++;
@@ -372,6 +418,7 @@ out:
     free(logits1);
     free(logits2);
     tg_batches_free(it);
+    tg_replicas_free(rep);
     tg_optim_free(opt);
     mlp_free(&m);
     mlp_free(&m2);
