@@ -2,6 +2,7 @@
  * against one backward over the whole batch, determinism, every checkpoint
  * policy, an LSTM, errors. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"

@@ -2,7 +2,8 @@
  * tests/test_threads.c (tests/tsan/main.c runs it): Criterion's own
  * runner crashes under TSan, so here every Test is a plain function,
  * registered at start-up and run in order in one process, and a failed
- * assertion prints where and exits 1. Only what test_threads.c uses. */
+ * assertion prints where and exits 1. Only what test_threads.c,
+ * test_replicas.c and test_util.c use. */
 #ifndef TG_TSAN_CRITERION_SHIM_H
 #define TG_TSAN_CRITERION_SHIM_H
 
@@ -32,6 +33,7 @@ void tsan_fail(const char *file, int line, const char *cond, const char *fmt, ..
 #define cr_assert(...) TSAN_ASSERT(__VA_ARGS__, "")
 #define cr_expect(...) TSAN_ASSERT(__VA_ARGS__, "")
 #define cr_assert_eq(a, ...) TSAN_CMP(a, ==, __VA_ARGS__, "")
+#define cr_expect_eq(a, ...) TSAN_CMP(a, ==, __VA_ARGS__, "")
 #define cr_assert_neq(a, ...) TSAN_CMP(a, !=, __VA_ARGS__, "")
 #define cr_assert_lt(a, ...) TSAN_CMP(a, <, __VA_ARGS__, "")
 #define cr_assert_gt(a, ...) TSAN_CMP(a, >, __VA_ARGS__, "")
