@@ -5,7 +5,8 @@
  *   1w       tg_replicas_step with 1 worker, 1 thread
  *   1w+blas  1 worker, OpenBLAS and the pool at every cpu (tg_set_num_threads)
  *   Nw       N workers (2..--workers), one thread each
- * Every step is zero_grad + forward + backward (+ reduce) + an SGD step.
+ * Every step is zero_grad + forward + backward (+ reduce) + an SGD step
+ * (fused into the reduce for the replicas: tg_replicas_opts.optim).
  * Ratios are medians of per-round ratios to 1w. Before timing, the N-worker
  * gradient is checked against the 1-worker one. The MPI counterpart runs
  * under mpirun (`tapegrad bench dp --mpi`, dist.c). */
@@ -62,7 +63,7 @@ static void dp_model_free(dp_model *m)
     tg_params_free(m->ps);
 }
 
-static int dp_model_new(dp_model *m, bool lstm, char *err, size_t errlen)
+static int dp_model_new(dp_model *m, bool lstm, int64_t batch, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     tg_rng rng;
@@ -86,7 +87,7 @@ static int dp_model_new(dp_model *m, bool lstm, char *err, size_t errlen)
     } else {
         m->name = "lstm";
         m->desc = "LSTM cell 32->128, 32 steps, mean(h^2+c^2)/2";
-        m->batch = 32;
+        m->batch = batch;
         ok = ok && (m->cell = tg_lstm_cell_new(m->ps, "lstm", DP_I, DP_H, TG_F32, &rng));
         if (ok) ok = (m->x = tg_rand_normal(&rng, TG_F32, 2, (int64_t[]){m->batch, DP_T * DP_I}, 0, 1));
     }
@@ -130,12 +131,14 @@ static tg_status dp_step(dp_ctx *c, int v)
         tg_scope_end();
         tg_tape_reset(c->tape);
     } else {
+        /* The optimizer's update is fused into the replicas' reduce. */
         st = tg_replicas_step(c->rep[v], n, in, dp_loss, &c->m, NULL);
         double comp, red;
         tg_replicas_last_timing(c->rep[v], &comp, &red);
         c->compute_s[v] += comp;
         c->reduce_s[v] += red;
         c->steps[v]++;
+        return st;
     }
     return st ? st : tg_optim_step(c->opt);
 }
@@ -165,14 +168,14 @@ static float *dp_grad(dp_ctx *c, int v, int64_t *n)
     return out;
 }
 
-static int dp_run(bool lstm, int max_workers, bool quick)
+static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
 {
     dp_ctx c = {0};
     char err[512] = "";
     int rc = 1;
     int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu < 1) ncpu = 1;
-    if (dp_model_new(&c.m, lstm, err, sizeof err)) {
+    if (dp_model_new(&c.m, lstm, batch, err, sizeof err)) {
         fprintf(stderr, "tapegrad bench dp: %s\n", err);
         return 1;
     }
@@ -187,13 +190,15 @@ static int dp_run(bool lstm, int max_workers, bool quick)
         c.workers[c.nvar] = w, c.threads[c.nvar++] = 1;
     for (int v = 0; v < c.nvar && ok; v++)
         if (!c.plain[v])
-            ok = (c.rep[v] = tg_replicas_new(c.m.ps, &(tg_replicas_opts){.workers = c.workers[v]}));
+            ok = (c.rep[v] = tg_replicas_new(c.m.ps, &(tg_replicas_opts){.workers = c.workers[v],
+                                                                         .optim = c.opt}));
     if (!ok) {
         fprintf(stderr, "tapegrad bench dp: setup: %s\n", tg_last_error_message());
         goto out;
     }
     /* Check: every variant's gradient against 1 worker's. */
     int64_t n = 0, n2 = 0;
+    tg_optim_set_lr(c.opt, 0); /* the fused update leaves the parameters as they are */
     float *g1 = dp_grad(&c, 1, &n);
     double worst = 0;
     for (int v = 2; v < c.nvar && g1; v++) {
@@ -216,6 +221,7 @@ static int dp_run(bool lstm, int max_workers, bool quick)
         goto out;
     }
     free(g1);
+    tg_optim_set_lr(c.opt, 1e-6);
     /* Two sets of interleaved rounds: every variant on one thread per
      * worker, then 1 worker against 1 worker with OpenBLAS threads. Kept
      * apart because OpenBLAS's threads spin (sched_yield) for a while
@@ -277,7 +283,7 @@ static int dp_run(bool lstm, int max_workers, bool quick)
         double red = c.steps[v] ? 100.0 * c.reduce_s[v] / (c.compute_s[v] + c.reduce_s[v]) : 0;
         printf("  %-20s %10.3f ms/step %10.0f samples/s %7.2fx", what, stat_of[v].median / 1e6,
                (double)c.m.batch / (stat_of[v].median / 1e9), ratio_of[v]);
-        if (!c.plain[v]) printf("   reduce %4.1f%% of the step", red);
+        if (!c.plain[v]) printf("   reduce+update %4.1f%%", red);
         printf("%s\n", c.threads[v] > 1 ? "  (own rounds against 1 worker)" : "");
     }
     rc = 0;
@@ -300,7 +306,10 @@ int bench_dp_cli(const bench_opts *o, int max_workers)
            "backward, reduce, SGD step; median over interleaved rounds; ratios are the\n"
            "throughput against 1 worker on 1 thread in the same rounds%s\n\n",
            o->quick ? " (quick: not a measurement)" : "");
-    int failed = dp_run(false, max_workers, o->quick) + dp_run(true, max_workers, o->quick);
+    /* The lstm at the suite's batch of 32, and at 128, where each worker's
+     * ops have four times the rows over the same fixed cost per op. */
+    int failed = dp_run(false, BENCH_MLP_BATCH, max_workers, o->quick) +
+                 dp_run(true, 32, max_workers, o->quick) + dp_run(true, 128, max_workers, o->quick);
     tg_set_num_threads(prev);
     return failed ? 1 : 0;
 }

@@ -561,3 +561,43 @@ Test(optim, every_golden_file_has_a_test)
     closedir(d);
     cr_expect_eq(files, (int)(sizeof names / sizeof names[0]));
 }
+
+/* A run of parameters large enough to be split across the elementwise pool
+ * updates to the same bits as on one thread, for every kind. */
+Test(optim, split_step_matches_one_thread_bitwise)
+{
+    int prev = tg_num_threads();
+    for (int kind = 0; kind < TG_OPTIM_KIND_COUNT; kind++) {
+        float *out[2];
+        for (int run = 0; run < 2; run++) {
+            cr_assert_eq(tg_set_num_threads(run ? 2 : 1), TG_OK);
+            tg_rng rng;
+            tg_rng_seed(&rng, 3);
+            tg_params *ps = tg_params_new();
+            tg_tensor *w = tg_params_add(ps, "w", TG_F32, 2, (int64_t[]){700, 300});
+            cr_assert_eq(tg_init_normal(w, &rng, 0, 1), TG_OK);
+            tg_optim_opts o = tg_optim_defaults((tg_optim_kind)kind);
+            o.momentum = kind == TG_OPTIM_SGD || kind == TG_OPTIM_RMSPROP ? 0.9 : 0;
+            tg_optim *opt = tg_optim_new(ps, &o);
+            tg_tape *tape = tg_tape_new(NULL);
+            tg_params_requires_grad(ps, tape);
+            for (int s = 0; s < 3; s++) {
+                tg_scope_begin();
+                cr_assert_eq(tg_backward(tg_sum(tg_mul(tg_tanh(w), w))), TG_OK);
+                cr_assert_eq(tg_optim_step(opt), TG_OK);
+                tg_optim_zero_grad(opt);
+                tg_scope_end();
+                tg_tape_reset(tape);
+            }
+            out[run] = malloc(700 * 300 * sizeof(float));
+            cr_assert_eq(tg_tensor_copy_out(w, out[run], 700 * 300 * sizeof(float)), TG_OK);
+            tg_tape_free(tape);
+            tg_optim_free(opt);
+            tg_params_free(ps);
+        }
+        cr_assert_eq(memcmp(out[0], out[1], 700 * 300 * sizeof(float)), 0, "kind %d", kind);
+        free(out[0]);
+        free(out[1]);
+    }
+    tg_set_num_threads(prev);
+}

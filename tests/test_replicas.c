@@ -30,6 +30,16 @@ static void model_new(model *m, tg_dtype dt, int64_t rows, uint64_t seed)
     cr_assert(m->x && m->y, "%s", tg_last_error_message());
 }
 
+/* Every value (grad: gradient) of ps's flat buffer of dtype dt, copied. */
+static double *flat_values(tg_params *ps, tg_dtype dt, bool grad)
+{
+    tg_scope_begin();
+    tg_tensor *f = grad ? tg_params_flat_grad(ps, dt) : tg_params_flat(ps, dt);
+    double *v = tu_values(f);
+    tg_scope_end();
+    return v;
+}
+
 static void model_free(model *m)
 {
     tg_tensor_release(m->x);
@@ -228,7 +238,7 @@ Test(replicas, lstm_gradients_match_the_whole_batch)
     tg_scope_begin();
     tg_replica_info info = {.workers = 1, .tape = tape, .rows = 10};
     cr_assert_eq(tg_backward(lstm_loss(&m, &info, 1, &x)), TG_OK, "%s", tg_last_error_message());
-    double *want = tu_values(tg_params_flat_grad(m.ps, TG_F64));
+    double *want = flat_values(m.ps, TG_F64, true);
     tg_scope_end();
     tg_params_zero_grad(m.ps);
     tg_tape_free(tape);
@@ -273,13 +283,13 @@ Test(replicas, errors_name_the_worker_and_change_no_gradient)
     tg_tensor *in[] = {m.x, m.y};
     /* One good step first: a failing one must leave these. */
     cr_assert_eq(tg_replicas_step(r, 2, in, mlp_loss, &m, NULL), TG_OK);
-    double *before = tu_values(tg_params_flat_grad(m.ps, TG_F64));
+    double *before = flat_values(m.ps, TG_F64, true);
     cr_assert_eq(tg_replicas_step(r, 2, in, fails_on_worker_1, &m, NULL), TG_ERR_SHAPE);
     tu_expect_message_has("worker 1: ");
     tu_expect_message_has("'add'");
     cr_assert_eq(tg_replicas_step(r, 2, in, not_scalar, &m, NULL), TG_ERR_SEED);
     tu_expect_message_has("worker 0: ");
-    double *after = tu_values(tg_params_flat_grad(m.ps, TG_F64));
+    double *after = flat_values(m.ps, TG_F64, true);
     cr_assert_eq(memcmp(before, after, (size_t)tg_params_numel(m.ps) * sizeof *after), 0);
     /* Argument errors. */
     cr_assert_eq(tg_replicas_step(NULL, 2, in, mlp_loss, &m, NULL), TG_ERR_NULL);
@@ -341,7 +351,7 @@ Test(replicas, two_workers_train_as_one)
         last = la;
     }
     cr_assert(last < 0.8 * first, "trains: %g -> %g", first, last);
-    double *pa = tu_values(tg_params_flat(a.ps, TG_F64)), *pb = tu_values(tg_params_flat(b.ps, TG_F64));
+    double *pa = flat_values(a.ps, TG_F64, false), *pb = flat_values(b.ps, TG_F64, false);
     for (int64_t i = 0; i < tg_params_numel(a.ps); i++)
         cr_assert(fabs(pa[i] - pb[i]) <= 1e-9, "parameter %lld", (long long)i);
     free(pa);
@@ -352,4 +362,46 @@ Test(replicas, two_workers_train_as_one)
     tg_optim_free(ob);
     model_free(&a);
     model_free(&b);
+}
+
+Test(replicas, fused_optimizer_update_gives_the_bits_of_optim_step)
+{
+    for (int kind = 0; kind < TG_OPTIM_KIND_COUNT; kind++) {
+        model a, b;
+        model_new(&a, TG_F32, 48, 31);
+        model_new(&b, TG_F32, 48, 31);
+        tg_optim_opts o = tg_optim_defaults((tg_optim_kind)kind);
+        o.lr = 1e-2;
+        o.momentum = kind == TG_OPTIM_SGD ? 0.9 : 0;
+        tg_optim *oa = tg_optim_new(a.ps, &o), *ob = tg_optim_new(b.ps, &o);
+        tg_replicas *ra = tg_replicas_new(a.ps, &(tg_replicas_opts){.workers = 3, .optim = oa});
+        tg_replicas *rb = tg_replicas_new(b.ps, &(tg_replicas_opts){.workers = 3});
+        cr_assert(ra && rb, "%s", tg_last_error_message());
+        for (int s = 0; s < 4; s++) {
+            tg_optim_zero_grad(oa);
+            tg_optim_zero_grad(ob);
+            cr_assert_eq(tg_replicas_step(ra, 2, (tg_tensor *[]){a.x, a.y}, mlp_loss, &a, NULL),
+                         TG_OK, "%s", tg_last_error_message());
+            cr_assert_eq(tg_replicas_step(rb, 2, (tg_tensor *[]){b.x, b.y}, mlp_loss, &b, NULL),
+                         TG_OK);
+            cr_assert_eq(tg_optim_step(ob), TG_OK);
+        }
+        cr_assert_eq(tg_optim_step_count(oa), 4);
+        double *pa = flat_values(a.ps, TG_F32, false);
+        double *pb = flat_values(b.ps, TG_F32, false);
+        cr_assert_eq(memcmp(pa, pb, (size_t)tg_params_numel(a.ps) * sizeof *pa), 0, "kind %d",
+                     kind);
+        free(pa);
+        free(pb);
+        tg_replicas_free(ra);
+        tg_replicas_free(rb);
+        /* An optimizer over another set is refused. */
+        cr_assert_null(tg_replicas_new(a.ps, &(tg_replicas_opts){.workers = 2, .optim = ob}));
+        cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+        tg_error_clear();
+        tg_optim_free(oa);
+        tg_optim_free(ob);
+        model_free(&a);
+        model_free(&b);
+    }
 }

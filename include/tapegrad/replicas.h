@@ -31,7 +31,7 @@
 #ifndef TAPEGRAD_REPLICAS_H
 #define TAPEGRAD_REPLICAS_H
 
-#include "params.h"
+#include "optim.h"
 
 /* How worker gradients combine. MEAN: each worker's loss is a mean over
  * its shard, and worker k's gradient is weighted by rows_k / rows, so the
@@ -46,6 +46,12 @@ typedef struct tg_replicas_opts {
     int workers;       /* 1..TG_REPLICAS_MAX_WORKERS */
     tg_tape_opts tape; /* every worker's tape (policy, budget, anomaly) */
     tg_grad_reduce reduce;
+    /* Optional optimizer over the same parameter set (else
+     * TG_ERR_INVALID): each step then ends with its update, done by the
+     * workers on the slices they have just summed (while those are in
+     * their caches), to the same bits as tg_optim_step after the step.
+     * Do not call tg_optim_step yourself then. NULL: gradients only. */
+    tg_optim *optim;
 } tg_replicas_opts;
 
 /* What the loss function is told about its worker. */

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/pool.h"
 #include "train/train_internal.h"
 
 #define PI 3.14159265358979323846
@@ -250,7 +251,7 @@ static void *state_at(const tg_optim *opt, int s, int pl, int64_t off, size_t es
 }
 
 /* One kernel call over elements [off, off + n) of trainable pool pl. */
-static void run(tg_optim *opt, int pl, int64_t off, int64_t n, int64_t step)
+static void run_range(tg_optim *opt, int pl, int64_t off, int64_t n, int64_t step)
 {
     tg__pool *pool = &opt->ps->pools[pl];
     size_t es = tg_dtype_size(pool->dtype);
@@ -285,6 +286,53 @@ static void run(tg_optim *opt, int pl, int64_t off, int64_t n, int64_t step)
         break;
     }
 #undef ST
+}
+
+/* A run split across the elementwise pool: every update is elementwise,
+ * so the parts give the bits of one call. */
+typedef struct {
+    tg_optim *opt;
+    int pl;
+    int64_t off, n, step;
+} run_job;
+
+static void run_part(void *ctx, int part, int nparts)
+{
+    const run_job *j = ctx;
+    /* Parts start on 16-element boundaries, as the kernels' vector loops like. */
+    int64_t chunk = ((j->n + nparts - 1) / nparts + 15) & ~(int64_t)15;
+    int64_t lo = chunk * part, hi = lo + chunk;
+    if (lo > j->n) lo = j->n;
+    if (hi > j->n) hi = j->n;
+    if (hi > lo) run_range(j->opt, j->pl, j->off + lo, hi - lo, j->step);
+}
+
+/* Runs of at least this many bytes of values are split across the pool. */
+#define OPTIM_SPLIT_BYTES ((size_t)256 << 10)
+
+static void run(tg_optim *opt, int pl, int64_t off, int64_t n, int64_t step)
+{
+    size_t bytes = (size_t)n * tg_dtype_size(opt->ps->pools[pl].dtype);
+    int parts = tg__pool_size();
+    if (parts > 1 && bytes >= 2 * OPTIM_SPLIT_BYTES) {
+        if ((size_t)parts > bytes / OPTIM_SPLIT_BYTES) parts = (int)(bytes / OPTIM_SPLIT_BYTES);
+        run_job j = {opt, pl, off, n, step};
+        tg__pool_run(run_part, &j, parts);
+        return;
+    }
+    run_range(opt, pl, off, n, step);
+}
+
+void tg__optim_param_range(tg_optim *opt, int i, int64_t lo, int64_t n)
+{
+    const tg__param *p = &opt->ps->p[i];
+    run_range(opt, p->pool, p->offset + lo, n, opt->steps[i] + 1);
+}
+
+void tg__optim_param_done(tg_optim *opt, int i)
+{
+    opt->steps[i]++;
+    tg__tensor_written(opt->ps->p[i].value);
 }
 
 tg_status tg_optim_step(tg_optim *opt)

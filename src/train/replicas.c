@@ -8,6 +8,7 @@
  * worker's leaves. The calling thread then adds them up, worker by worker,
  * into the parameter set's flat gradient buffer. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +54,7 @@ struct reduce_seg {
     int nsrc;
     bool add, f64;
     int64_t n;
+    int param; /* index in the parameter set */
 };
 
 struct tg_replicas {
@@ -63,9 +65,9 @@ struct tg_replicas {
     /* The step every worker runs (set by the caller under mu). */
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t round;
-    int pending;
-    bool quit;
+    _Atomic uint64_t round;
+    _Atomic int pending;
+    _Atomic bool quit;
     int nin;
     tg_tensor *const *inputs;
     tg_replica_fn fn;
@@ -229,25 +231,46 @@ static void run_shard(tg_replicas *r, worker *w)
 
 static void reduce_part(const tg_replicas *r, int part, int parts);
 
+/* Handing a round over: a worker (or the caller, waiting for the round to
+ * end) first spins for about this many checks, then sleeps on the
+ * condition variable. A round ends in well under a millisecond when the
+ * model is small, less than a futex wake-up takes to come back. */
+#define SPIN_CHECKS 20000
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void *worker_main(void *arg)
 {
     worker *w = arg;
     tg_replicas *r = w->set;
     uint64_t seen = 0;
-    pthread_mutex_lock(&r->mu);
     for (;;) {
-        while (!r->quit && r->round == seen) pthread_cond_wait(&r->go, &r->mu);
-        if (r->quit) break;
-        seen = r->round;
-        pthread_mutex_unlock(&r->mu);
+        for (int i = 0; i < SPIN_CHECKS && atomic_load_explicit(&r->round, memory_order_acquire) ==
+                                               seen && !atomic_load(&r->quit); i++)
+            cpu_relax();
+        if (atomic_load_explicit(&r->round, memory_order_acquire) == seen) {
+            pthread_mutex_lock(&r->mu);
+            while (!atomic_load(&r->quit) && atomic_load(&r->round) == seen)
+                pthread_cond_wait(&r->go, &r->mu);
+            pthread_mutex_unlock(&r->mu);
+        }
+        if (atomic_load(&r->quit)) break;
+        seen = atomic_load_explicit(&r->round, memory_order_acquire);
         if (r->reducing)
             reduce_part(r, w->index, r->o.workers);
         else
             run_shard(r, w);
-        pthread_mutex_lock(&r->mu);
-        if (--r->pending == 0) pthread_cond_signal(&r->done);
+        if (atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel) == 1) {
+            pthread_mutex_lock(&r->mu);
+            pthread_cond_signal(&r->done);
+            pthread_mutex_unlock(&r->mu);
+        }
     }
-    pthread_mutex_unlock(&r->mu);
     return NULL;
 }
 
@@ -266,6 +289,11 @@ tg_replicas *tg_replicas_new(tg_params *ps, const tg_replicas_opts *opts)
     if (o.reduce != TG_REDUCE_MEAN && o.reduce != TG_REDUCE_SUM) {
         tg__err(TG_ERR_INVALID, "bad argument #2 to 'replicas_new' (reduce %d is neither "
                                 "TG_REDUCE_MEAN nor TG_REDUCE_SUM)", (int)o.reduce);
+        return NULL;
+    }
+    if (o.optim && tg_optim_params(o.optim) != ps) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to 'replicas_new' (the optimizer is over "
+                                "another parameter set)");
         return NULL;
     }
     tg_replicas *r = calloc(1, sizeof *r);
@@ -311,7 +339,7 @@ void tg_replicas_free(tg_replicas *r)
 {
     if (!r) return;
     pthread_mutex_lock(&r->mu);
-    r->quit = true;
+    atomic_store(&r->quit, true);
     pthread_cond_broadcast(&r->go);
     pthread_mutex_unlock(&r->mu);
     for (int k = 0; k < r->o.workers; k++) {
@@ -408,7 +436,11 @@ static void reduce_range(const reduce_seg *g, int64_t lo, int64_t n)
 
 /* Part `part` of `parts` of the reduce: an equal share of all the
  * segments' elements (each element is summed by one thread, in the same
- * order whatever the split, so the bits do not depend on it). */
+ * order whatever the split, so the bits do not depend on it). With an
+ * optimizer, each block is updated right after it is summed, while it is
+ * in this core's cache. */
+#define UPDATE_BLOCK 8192
+
 static void reduce_part(const tg_replicas *r, int part, int parts)
 {
     int64_t lo = r->reduce_total * part / parts, hi = r->reduce_total * (part + 1) / parts;
@@ -416,7 +448,11 @@ static void reduce_part(const tg_replicas *r, int part, int parts)
     for (int i = 0; i < r->nseg && base < hi; i++) {
         const reduce_seg *g = &r->seg[i];
         int64_t a = lo > base ? lo - base : 0, b = hi - base < g->n ? hi - base : g->n;
-        if (a < b) reduce_range(g, a, b - a);
+        for (int64_t x = a; x < b; x += UPDATE_BLOCK) {
+            int64_t m = b - x < UPDATE_BLOCK ? b - x : UPDATE_BLOCK;
+            reduce_range(g, x, m);
+            if (r->o.optim) tg__optim_param_range(r->o.optim, g->param, x, m);
+        }
         base += g->n;
     }
 }
@@ -457,10 +493,39 @@ static tg_status reduce_plan(tg_replicas *r, int64_t rows)
         g->dst = tg__tensor_ptr(p->gview);
         g->f64 = v->dtype == TG_F64;
         g->n = p->numel;
+        g->param = w0->param_of[j];
         r->reduce_total += g->n;
         r->nseg++;
     }
     return TG_OK;
+}
+
+/* After an update fused into the reduce: what tg_optim_step does besides
+ * the arithmetic, and the update of any parameter that has a gradient no
+ * worker added to (from a tg_backward of the caller's), on this thread. */
+static void finish_update(tg_replicas *r)
+{
+    tg_optim *opt = r->o.optim;
+    tg_params *ps = r->ps;
+    bool *done = calloc((size_t)ps->n, sizeof *done);
+    for (int i = 0; i < r->nseg; i++) {
+        tg__optim_param_done(opt, r->seg[i].param);
+        if (done) done[r->seg[i].param] = true;
+    }
+    for (int i = 0; done && i < ps->n; i++) {
+        tg__param *p = &ps->p[i];
+        if (done[i] || p->pool >= TG__POOL_TRAINABLE || !p->value->grad) continue;
+        if (p->value->grad != p->gview) {
+            size_t nbytes = (size_t)p->numel * tg_dtype_size(p->value->dtype);
+            if (tg_tensor_copy_out(p->value->grad, tg__tensor_ptr(p->gview), nbytes)) continue;
+            tg_tensor_release(p->value->grad);
+            p->value->grad = tg_tensor_retain(p->gview);
+        }
+        tg__optim_param_range(opt, i, 0, p->numel);
+        tg__optim_param_done(opt, i);
+    }
+    free(done);
+    opt->step_count++;
 }
 
 /* Runs one round on every worker, part 0 on the calling thread. */
@@ -469,9 +534,9 @@ static void run_round(tg_replicas *r, bool reducing)
     int nw = r->o.workers;
     r->reducing = reducing;
     if (nw > 1) {
+        atomic_store_explicit(&r->pending, nw - 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&r->round, 1, memory_order_release);
         pthread_mutex_lock(&r->mu);
-        r->pending = nw - 1;
-        r->round++;
         pthread_cond_broadcast(&r->go);
         pthread_mutex_unlock(&r->mu);
     }
@@ -480,9 +545,14 @@ static void run_round(tg_replicas *r, bool reducing)
     else
         run_shard(r, &r->w[0]);
     if (nw > 1) {
-        pthread_mutex_lock(&r->mu);
-        while (r->pending) pthread_cond_wait(&r->done, &r->mu);
-        pthread_mutex_unlock(&r->mu);
+        for (int i = 0; i < SPIN_CHECKS &&
+                        atomic_load_explicit(&r->pending, memory_order_acquire) > 0; i++)
+            cpu_relax();
+        if (atomic_load_explicit(&r->pending, memory_order_acquire) > 0) {
+            pthread_mutex_lock(&r->mu);
+            while (atomic_load(&r->pending) > 0) pthread_cond_wait(&r->done, &r->mu);
+            pthread_mutex_unlock(&r->mu);
+        }
     }
 }
 
@@ -524,7 +594,9 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
         if (r->w[k].status) st = tg__err(r->w[k].status, "worker %d: %s", k, r->w[k].message);
     double t1 = now_s();
     if (!st) st = reduce_plan(r, rows);
+    if (!st && r->o.optim) st = tg__optim_fit(r->o.optim);
     if (!st) run_round(r, true);
+    if (!st && r->o.optim) finish_update(r);
     r->reduce_s = now_s() - t1;
     if (nw > 1 && prev_threads != 1) tg_set_num_threads(prev_threads);
     if (st) return st;

@@ -73,6 +73,13 @@ TG_INTERNAL const char *tg__optim_kind_name(tg_optim_kind kind);
 TG_INTERNAL const char *tg__optim_state_name(int st);
 /* Grows the optimizer's state to the parameter set's current size. */
 TG_INTERNAL tg_status tg__optim_fit(tg_optim *opt);
+/* The update of elements [lo, lo + n) of trainable parameter i, with the
+ * step count it will have after this step (tg_optim_step's arithmetic, so
+ * the same bits), and then, once all its elements are done, the step
+ * count's advance and the version bump. For updates split across threads
+ * (replicas.c); the state must fit the set first (tg__optim_fit). */
+TG_INTERNAL void tg__optim_param_range(tg_optim *opt, int i, int64_t lo, int64_t n);
+TG_INTERNAL void tg__optim_param_done(tg_optim *opt, int i);
 /* Pointer to element 0 of parameter i in a pool-sized flat state array. */
 TG_INTERNAL void *tg__param_slice(const tg_params *ps, int i, void *flat);
 
