@@ -25,7 +25,9 @@ static void model_new(model *m, tg_dtype dt, int64_t rows, uint64_t seed)
     cr_assert(m->l1 && m->l2, "%s", tg_last_error_message());
     m->x = tg_rand_normal(&rng, dt, 2, SHAPE(rows, 12), 0, 1);
     tg_tensor *u = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(rows), 0, 1);
-    m->y = tg_cast(tg_mul_scalar(u, 4.999), TG_I64);
+    tg_tensor *scaled = tg_mul_scalar(u, 4.999);
+    m->y = tg_cast(scaled, TG_I64);
+    tg_tensor_release(scaled);
     tg_tensor_release(u);
     cr_assert(m->x && m->y, "%s", tg_last_error_message());
 }
