@@ -90,6 +90,23 @@ struct tg_tensor {
     _Alignas(16) unsigned char small[TG_SMALL_BYTES];
 };
 
+/* Reference counting on the library's own paths: the common case (a
+ * count that stays above zero) inline, without a call or the full
+ * function's register saves; the last release out of line. The public
+ * tg_tensor_retain / tg_tensor_release do the same (tensor.c). */
+TG_INTERNAL void tg__tensor_release_last(tg_tensor *t);
+static inline tg_tensor *tg__retain(tg_tensor *t)
+{
+    if (t) t->refcount++;
+    return t;
+}
+static inline void tg__release(tg_tensor *t)
+{
+    if (t && --t->refcount <= 0) tg__tensor_release_last(t);
+}
+#define tg_tensor_retain(t) tg__retain(t)
+#define tg_tensor_release(t) tg__release(t)
+
 /* Writes through the API since the process started (any thread, any
  * tensor): a tape whose record saw no write since its first node skips
  * the version checks (tensor.c). */

@@ -270,15 +270,20 @@ tg_tensor *tg__tensor_view(const tg_tensor *src, int ndim, const int64_t *shape,
     return t;
 }
 
-tg_tensor *tg_tensor_retain(tg_tensor *t)
+/* The public functions (the macros of internal.h are for the library's
+ * own calls). */
+tg_tensor *(tg_tensor_retain)(tg_tensor *t)
 {
-    if (t) t->refcount++;
-    return t;
+    return tg__retain(t);
 }
 
-void tg_tensor_release(tg_tensor *t)
+void(tg_tensor_release)(tg_tensor *t)
 {
-    if (!t || --t->refcount > 0) return;
+    tg__release(t);
+}
+
+void tg__tensor_release_last(tg_tensor *t)
+{
     if (t->grad) tg_tensor_release(t->grad);
     if (t->tape) atomic_load_explicit(&tape_release, memory_order_acquire)(t->tape);
     tg_storage *st = t->storage;
