@@ -316,8 +316,13 @@ static char *layout_text(const tg_params *ps, const tg_optim *opt, size_t *len)
         char rec[TG_MAX_DIMS * 24 + 400];
         int k;
         if (i == ps->n) {
+            /* The state kinds too: they decide what is sent (amsgrad,
+             * momentum and centered add buffers). */
             k = snprintf(rec, sizeof rec, "optimizer %s",
                          opt ? tg__optim_kind_name(opt->o.kind) : "none");
+            for (int st = 0; opt && st < TG__ST_COUNT; st++)
+                if (opt->uses[st])
+                    k += snprintf(rec + k, sizeof rec - (size_t)k, " %s", tg__optim_state_name(st));
         } else {
             const tg__param *p = &ps->p[i];
             const tg_tensor *v = p->value;

@@ -534,6 +534,23 @@ static void test_layout_mismatch(void)
     /* Still usable: the mismatch was agreed on, not a timeout. */
     check(tg_dist_check(d, TG_OK) == TG_OK, "layout_mismatch_comm_still_usable", "%s",
           tg_last_error_message());
+    tg_params_free(ps);
+    /* Same parameters, but the optimizer keeps another state on one rank
+     * (amsgrad): that would send other buffers, so it is a mismatch too. */
+    ps = tg_params_new();
+    tg_params_add(ps, "a", TG_F64, 1, (int64_t[]){3});
+    tg_optim_opts oo = tg_optim_defaults(TG_OPTIM_ADAM);
+    oo.amsgrad = rank == size - 1;
+    tg_optim *opt = tg_optim_new(ps, &oo);
+    st = tg_dist_broadcast(d, ps, opt);
+    msg = tg_last_error_message();
+    if (rank == size - 1)
+        check(st == TG_ERR_DIST && strstr(msg, "max_exp_avg_sq here"),
+              "layout_mismatch_optimizer_state", "status %d: %s", st, msg);
+    else
+        check(st == TG_ERR_DIST && strstr(msg, "failed: parameter layout differs"),
+              "layout_mismatch_optimizer_state_reaches_others", "status %d: %s", st, msg);
+    tg_optim_free(opt);
     tg_dist_free(d);
     tg_params_free(ps);
 
