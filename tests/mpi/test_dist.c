@@ -661,7 +661,8 @@ int main(int argc, char **argv)
     leak_check();
     int total = 0;
     MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0) printf("%s: %d failure(s) over %d ranks\n", total ? "FAIL" : "PASS", total, size);
+    if (rank == 0)
+        printf("%s: %d failure(s) over %d ranks\n", total ? "FAIL" : "PASS", total, size);
     MPI_Finalize();
     /* Past MPI_Finalize only OpenMPI's own allocations remain, from
      * components it has unloaded by then ("<unknown module>" stacks that
