@@ -23,6 +23,7 @@ export LSAN_OPTIONS="$lsan${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export OPENBLAS_NUM_THREADS=1
 # Root in a container: allow it, allow more ranks than cores, loopback TCP
 # and shared memory only (no network probing).
+# shellcheck disable=SC2054  # the commas are part of the option value
 mpi=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader,tcp
      --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
 status=0
