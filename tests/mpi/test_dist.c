@@ -230,10 +230,11 @@ static void test_broadcast(tg_dist *d, tg_dataset *ds)
 
 /* ---- (b) the averaged gradient of the shards is the gradient of the
  * global batch, with and without overlap; 2 steps accumulate. */
-static void test_gradients(tg_dataset *ds, bool attach, size_t bucket_bytes)
+static void test_gradients(tg_dataset *ds, bool attach, size_t bucket_bytes, bool sum)
 {
     char name[96];
-    snprintf(name, sizeof name, "grad_%s_bucket%zu", attach ? "attach" : "plain", bucket_bytes);
+    snprintf(name, sizeof name, "grad_%s_bucket%zu%s", attach ? "attach" : "plain", bucket_bytes,
+             sum ? "_sum" : "");
     model m;
     model_new(&m, 7);
     /* The single-process reference over the same 2 global batches. */
@@ -253,7 +254,7 @@ static void test_gradients(tg_dataset *ds, bool attach, size_t bucket_bytes)
     tg_params_zero_grad(m.ps);
 
     tg_dist *d;
-    tg_dist_opts o = {.bucket_bytes = bucket_bytes, .timeout_s = 30};
+    tg_dist_opts o = {.bucket_bytes = bucket_bytes, .timeout_s = 30, .sum = sum};
     tg_dist_new(MPI_COMM_WORLD, &o, &d);
     tg_status st = tg_dist_broadcast(d, m.ps, NULL);
     if (!st && attach) st = tg_dist_attach(d, m.ps, tape);
@@ -269,9 +270,11 @@ static void test_gradients(tg_dataset *ds, bool attach, size_t bucket_bytes)
     check(st == TG_OK, name, "tg_dist_backward: %s", tg_last_error_message());
     double *got = flat_grad(m.ps, TG_F64, &n);
     double maxref = 0, maxerr = 0;
+    /* Summed: each shard's mean counts fully, so size times the mean. */
     for (int64_t i = 0; i < n; i++) {
-        maxref = fmax(maxref, fabs(want[i]));
-        maxerr = fmax(maxerr, fabs(got[i] - want[i]));
+        double w = sum ? want[i] * size : want[i];
+        maxref = fmax(maxref, fabs(w));
+        maxerr = fmax(maxerr, fabs(got[i] - w));
     }
     char sub[160];
     snprintf(sub, sizeof sub, "%s_equals_global_batch", name);
@@ -648,10 +651,11 @@ int main(int argc, char **argv)
           tg_last_error_message());
     test_broadcast(d, ds);
     tg_dist_free(d);
-    test_gradients(ds, false, 0);
-    test_gradients(ds, true, 0);
-    test_gradients(ds, false, 100);
-    test_gradients(ds, true, 100);
+    test_gradients(ds, false, 0, false);
+    test_gradients(ds, true, 0, false);
+    test_gradients(ds, false, 100, false);
+    test_gradients(ds, true, 100, false);
+    test_gradients(ds, true, 0, true);
     test_allreduce_grads(ds);
     test_adam(ds);
     test_failing_rank(ds);
