@@ -149,6 +149,78 @@ Test(data, shuffled_batches_visit_every_sample_once_per_epoch)
     tg_dataset_free(ds);
 }
 
+/* Issue 16: the ranks' shards of each step, in rank order, are exactly the
+ * unsharded iterator's batch, over two shuffled epochs, for several rank
+ * counts (a batch of 7 splits unevenly; the last batch of 23 rows has 2). */
+Test(data, sharded_batches_put_together_are_the_unsharded_batches)
+{
+    enum { N = 23, B = 7 };
+    float x[N];
+    int64_t y[N];
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)i;
+        y[i] = i % 4;
+    }
+    tg_dataset *ds;
+    cr_assert_eq(tg_dataset_from_arrays(N, 1, x, y, &ds), TG_OK);
+    for (int size = 1; size <= 3; size++) {
+        tg_batches *whole = tg_batches_new(ds, B, true, 11);
+        tg_batches *part[3];
+        for (int r = 0; r < size; r++) {
+            part[r] = tg_batches_new_sharded(ds, B, true, 11, r, size);
+            cr_assert_not_null(part[r], "%s", tg_last_error_message());
+            cr_assert_eq(tg_batches_count(part[r]), tg_batches_count(whole));
+        }
+        for (int epoch = 0; epoch < 2; epoch++) {
+            tg_tensor *wx, *wy;
+            int steps = 0;
+            while (tg_batches_next(whole, &wx, &wy)) {
+                int64_t at = 0;
+                for (int r = 0; r < size; r++) {
+                    tg_tensor *px, *py;
+                    cr_assert(tg_batches_next(part[r], &px, &py), "rank %d step %d", r, steps);
+                    int64_t rows = tg_tensor_dim(px, 0);
+                    int64_t gb = tg_tensor_dim(wx, 0);
+                    cr_expect_eq(rows, gb * (r + 1) / size - gb * r / size);
+                    for (int64_t i = 0; i < rows; i++) {
+                        double a, b, la, lb;
+                        tg_tensor_get(px, i, &a);
+                        tg_tensor_get(wx, at + i, &b);
+                        tg_tensor_get(py, i, &la);
+                        tg_tensor_get(wy, at + i, &lb);
+                        cr_expect_eq(a, b, "size %d rank %d step %d row %lld", size, r, steps,
+                                     (long long)i);
+                        cr_expect_eq(la, lb);
+                    }
+                    at += rows;
+                    tg_tensor_release(px);
+                    tg_tensor_release(py);
+                }
+                cr_expect_eq(at, tg_tensor_dim(wx, 0));
+                tg_tensor_release(wx);
+                tg_tensor_release(wy);
+                steps++;
+            }
+            for (int r = 0; r < size; r++) {
+                tg_tensor *px, *py;
+                cr_expect_not(tg_batches_next(part[r], &px, &py), "rank %d ends with the epoch", r);
+                tg_batches_next_epoch(part[r]);
+            }
+            tg_batches_next_epoch(whole);
+        }
+        for (int r = 0; r < size; r++) tg_batches_free(part[r]);
+        tg_batches_free(whole);
+    }
+    cr_expect_null(tg_batches_new_sharded(ds, B, true, 1, 3, 3));
+    cr_expect_eq(tg_last_error(), TG_ERR_INVALID);
+    cr_expect_null(tg_batches_new_sharded(ds, B, true, 1, -1, 2));
+    cr_expect_null(tg_batches_new_sharded(ds, B, true, 1, 0, 0));
+    cr_expect_null(tg_batches_new_sharded(ds, 2, true, 1, 0, 3));
+    cr_expect(strstr(tg_last_error_message(), "smaller than") != NULL, "%s",
+              tg_last_error_message());
+    tg_dataset_free(ds);
+}
+
 Test(data, plain_and_gzip_files_load_the_same_rows)
 {
     char *p = write_tmp("1,2,0\n\n3.5,4,1\n");

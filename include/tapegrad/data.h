@@ -65,4 +65,17 @@ void tg_batches_next_epoch(tg_batches *it);
 /* Batches per epoch: ceil(N / batch_size). */
 int64_t tg_batches_count(const tg_batches *it);
 
+/* Rank `rank`'s shard of each global batch, for data-parallel training
+ * (tapegrad/dist.h; needs no MPI): every rank draws the epoch order that
+ * tg_batches_new(ds, global_batch, shuffle, seed) would and takes rows
+ * [B*rank/size, B*(rank+1)/size) of each global batch of B rows, so the
+ * ranks' shards of step s, in rank order, are exactly that iterator's
+ * batch s, and every rank has tg_batches_count() batches, the global
+ * count (the ranks stay in step). Shards differ by at most one row; the
+ * last batch of an epoch may leave a rank with 0 rows (a (0, F) batch)
+ * when it has fewer rows than ranks. TG_ERR_INVALID unless 0 <= rank <
+ * size, or for a global_batch < size. */
+tg_batches *tg_batches_new_sharded(const tg_dataset *ds, int64_t global_batch, bool shuffle,
+                                   uint64_t seed, int rank, int size);
+
 #endif

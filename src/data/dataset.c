@@ -24,6 +24,7 @@ struct tg_batches {
     bool shuffle;
     tg_rng rng;
     int64_t *order;
+    int rank, size; /* this iterator's part of each batch (1 part of 1 unsharded) */
 };
 
 static tg_status make(int64_t n, int f, tg_dataset **out)
@@ -506,15 +507,26 @@ tg_status tg_dataset_split(const tg_dataset *ds, double test_fraction, uint64_t 
     return st;
 }
 
-tg_batches *tg_batches_new(const tg_dataset *ds, int64_t batch_size, bool shuf, uint64_t seed)
+static tg_batches *batches_new(const tg_dataset *ds, int64_t batch_size, bool shuf,
+                               uint64_t seed, int rank, int size, const char *op)
 {
     if (!ds) {
-        tg__err(TG_ERR_NULL, "bad argument #1 to 'batches_new' (NULL data set)");
+        tg__err(TG_ERR_NULL, "bad argument #1 to '%s' (NULL data set)", op);
         return NULL;
     }
     if (batch_size < 1) {
-        tg__err(TG_ERR_INVALID, "bad argument #2 to 'batches_new' (batch size %lld)",
+        tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (batch size %lld)", op,
                 (long long)batch_size);
+        return NULL;
+    }
+    if (size < 1 || rank < 0 || rank >= size) {
+        tg__err(TG_ERR_INVALID, "bad argument #5 to '%s' (rank %d of %d; need 0 <= rank < "
+                                "size)", op, rank, size);
+        return NULL;
+    }
+    if (batch_size < size) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (global batch %lld is smaller than "
+                                "the %d ranks)", op, (long long)batch_size, size);
         return NULL;
     }
     tg_batches *it = calloc(1, sizeof *it);
@@ -527,10 +539,26 @@ tg_batches *tg_batches_new(const tg_dataset *ds, int64_t batch_size, bool shuf, 
     it->ds = ds;
     it->batch = batch_size;
     it->shuffle = shuf;
+    it->rank = rank;
+    it->size = size;
     tg_rng_seed(&it->rng, seed);
     for (int64_t i = 0; i < ds->n; i++) it->order[i] = i;
     tg_batches_next_epoch(it);
     return it;
+}
+
+tg_batches *tg_batches_new(const tg_dataset *ds, int64_t batch_size, bool shuf, uint64_t seed)
+{
+    return batches_new(ds, batch_size, shuf, seed, 0, 1, "batches_new");
+}
+
+/* Every rank draws the whole seeded order, as tg_batches_new does, and
+ * keeps its rows of each batch: no communication, and the union over the
+ * ranks of batch s is the unsharded batch s. */
+tg_batches *tg_batches_new_sharded(const tg_dataset *ds, int64_t global_batch, bool shuf,
+                                   uint64_t seed, int rank, int size)
+{
+    return batches_new(ds, global_batch, shuf, seed, rank, size, "batches_new_sharded");
 }
 
 void tg_batches_free(tg_batches *it)
@@ -556,7 +584,10 @@ bool tg_batches_next(tg_batches *it, tg_tensor **x, tg_tensor **y)
 {
     if (!it || !x || !y || it->pos >= it->ds->n) return false;
     const tg_dataset *ds = it->ds;
-    int64_t b = ds->n - it->pos < it->batch ? ds->n - it->pos : it->batch;
+    int64_t gb = ds->n - it->pos < it->batch ? ds->n - it->pos : it->batch;
+    /* This rank's rows [gb*rank/size, gb*(rank+1)/size) of the batch. */
+    int64_t r0 = gb * it->rank / it->size;
+    int64_t b = gb * (it->rank + 1) / it->size - r0;
     int64_t xs[2] = {b, ds->f};
     tg_tensor *bx = tg__tensor_empty(TG_F32, 2, xs, ds->x->backend);
     tg_tensor *by = bx ? tg__tensor_empty(TG_I64, 1, &b, ds->y->backend) : NULL;
@@ -569,11 +600,11 @@ bool tg_batches_next(tg_batches *it, tg_tensor **x, tg_tensor **y)
     float *dx = tg__tensor_ptr(bx);
     int64_t *dy = tg__tensor_ptr(by);
     for (int64_t i = 0; i < b; i++) {
-        int64_t r = it->order[it->pos + i];
+        int64_t r = it->order[it->pos + r0 + i];
         memcpy(dx + i * ds->f, sx + r * ds->f, (size_t)ds->f * sizeof *sx);
         dy[i] = sy[r];
     }
-    it->pos += b;
+    it->pos += gb;
     *x = tg__scope_track(bx);
     *y = tg__scope_track(by);
     return *x && *y;
