@@ -76,6 +76,8 @@ awk -v a="$acc3" -v b="$acc0" 'BEGIN { d = a - b; exit !(a >= 0.9 && d < 0.02 &&
     fail "--workers 3: test accuracy $acc3, plain loop $acc0 (want within 0.02, >= 0.9)"
 run train digits --workers 65 --data "$data"
 [[ $rc == 2 && $err == *"--workers needs an integer in [0, 64]"* ]] || fail "--workers 65 (rc $rc): $err"
+run train digits --workers 2 --dist --data "$data"
+[[ $rc == 2 && $err == *"--dist and --workers cannot be combined"* ]] || fail "--dist --workers (rc $rc): $err"
 
 if [[ $fails != 0 ]]; then
     echo "$fails CLI checks failed" >&2

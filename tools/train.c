@@ -4,7 +4,12 @@
  * shuffled mini-batches; a progress bar per epoch on a terminal, plain
  * lines otherwise. After training it saves the parameters, reloads them
  * into a fresh model and checks that its test logits (hence accuracy) are
- * bitwise the same. Same seed, same run, on every machine. */
+ * bitwise the same. Same seed, same run, on every machine.
+ *
+ * --workers N splits each mini-batch across N worker threads (replicas.h);
+ * --dist, under mpirun, across the MPI ranks (dist.h, builds with MPI):
+ * every rank loads the data, takes its shard of each global batch, and
+ * only rank 0 prints and saves. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +22,10 @@
 
 #include "cli.h"
 
+#ifdef TG_HAVE_MPI
+#include <tapegrad/dist.h>
+#endif
+
 #ifndef TG_DATA_DIR
 #define TG_DATA_DIR "data"
 #endif
@@ -25,8 +34,19 @@ typedef struct {
     int64_t epochs, batch, hidden, seed, workers;
     double lr;
     const char *data, *save;
-    bool quiet;
+    bool quiet, dist;
 } train_opts;
+
+/* --dist: this process's place in the job. */
+typedef struct {
+#ifdef TG_HAVE_MPI
+    tg_dist *d;
+#else
+    void *d;
+#endif
+    int rank, size;
+    bool mpi_started; /* this command called MPI_Init (and finalizes) */
+} dist_state;
 
 typedef struct {
     tg_params *ps;
@@ -133,7 +153,8 @@ static bool params_finite(tg_params *ps)
 
 static const char train_usage[] =
     "usage: tapegrad train digits [--epochs N] [--lr X] [--seed S] [--batch B] [--hidden H]\n"
-    "                             [--save FILE] [--data CSV] [--workers N] [--quiet]\n"
+    "                             [--save FILE] [--data CSV] [--workers N] [--dist]\n"
+    "                             [--quiet]\n"
     "\n"
     "Train an MLP 64-H-10 (ReLU, Adam) on the 8x8 digits, report the test accuracy, save the\n"
     "parameters, reload them into a fresh model and check its logits are bitwise the same.\n"
@@ -149,6 +170,10 @@ static const char train_usage[] =
     "  --workers N  data-parallel worker threads (default 0: the plain loop on one tape);\n"
     "               each mini-batch is split across N replicas whose gradients are summed\n"
     "               (tg_replicas; OpenBLAS then runs one thread per worker)\n"
+    "  --dist       data-parallel across MPI ranks: run under mpirun (mpirun -np 2 tapegrad\n"
+    "               train digits --dist); each global mini-batch of B rows is split across\n"
+    "               the ranks, gradients averaged (tg_dist), output and --save on rank 0\n"
+    "               only (needs a build with MPI; not combined with --workers)\n"
     "  --quiet      no per-epoch lines\n"
     "Options take their value as the next argument or after '=' (--epochs=3).\n"
     "exit status: 0 success, 1 a library call or the reload check failed, 2 usage error\n";
@@ -169,6 +194,10 @@ static int parse(int argc, char **argv, train_opts *o)
         }
         if (strcmp(name, "--quiet") == 0 && !v) {
             o->quiet = true;
+            continue;
+        }
+        if (strcmp(name, "--dist") == 0 && !v) {
+            o->dist = true;
             continue;
         }
         static const char *const known[] = {"--epochs", "--batch", "--hidden", "--seed",
@@ -217,8 +246,163 @@ static int parse(int argc, char **argv, train_opts *o)
             o->data = v;
         }
     }
+    if (o->dist && o->workers > 0) {
+        fprintf(stderr, "tapegrad train: --dist and --workers cannot be combined (use one: MPI "
+                        "ranks or worker threads)\n");
+        return CLI_USAGE;
+    }
     return CLI_OK;
 }
+
+#ifdef TG_HAVE_MPI
+/* Joins the MPI job (MPI_Init unless the caller did) and makes the
+ * data-parallel context; ranks other than 0 send stdout to /dev/null. */
+static int dist_begin(dist_state *ds)
+{
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+        if (MPI_Init(NULL, NULL) != MPI_SUCCESS) {
+            fprintf(stderr, "tapegrad train: --dist: MPI_Init failed\n");
+            return CLI_FAIL;
+        }
+        ds->mpi_started = true;
+    }
+    if (tg_dist_new(MPI_COMM_WORLD, &(tg_dist_opts){.timeout_s = 60}, &ds->d))
+        return cli_lib_error("train", "joining the MPI job");
+    ds->rank = tg_dist_rank(ds->d);
+    ds->size = tg_dist_size(ds->d);
+    if (ds->rank != 0 && !freopen("/dev/null", "w", stdout)) {
+        fprintf(stderr, "tapegrad train: rank %d: cannot silence stdout\n", ds->rank);
+        return CLI_FAIL;
+    }
+    return CLI_OK;
+}
+
+static void dist_end(dist_state *ds)
+{
+    tg_dist_free(ds->d);
+    ds->d = NULL;
+    if (ds->mpi_started) MPI_Finalize();
+}
+
+/* Sums n doubles over the ranks, in place (a collective). */
+static bool dist_sum(double *v, int n)
+{
+    return MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) == MPI_SUCCESS;
+}
+
+/* Whether rank 0 says yes (a collective). */
+static bool dist_agree(dist_state *ds, bool root_ok)
+{
+    int v = root_ok;
+    if (!ds->d) return root_ok;
+    return MPI_Bcast(&v, 1, MPI_INT, 0, MPI_COMM_WORLD) == MPI_SUCCESS && v;
+}
+#else
+static int dist_begin(dist_state *ds)
+{
+    (void)ds;
+    fprintf(stderr, "tapegrad train: --dist: this tapegrad was built without MPI (install "
+                    "libopenmpi-dev openmpi-bin, then 'meson setup --reconfigure build')\n");
+    return CLI_FAIL;
+}
+static void dist_end(dist_state *ds)
+{
+    (void)ds;
+}
+static bool dist_agree(dist_state *ds, bool root_ok)
+{
+    (void)ds;
+    return root_ok;
+}
+#endif
+
+/* Rows of global batch b (0-based) of an epoch over ntrain rows. */
+static int64_t global_rows(int64_t ntrain, int64_t batch, int64_t b)
+{
+    int64_t left = ntrain - b * batch;
+    return left < batch ? left : batch;
+}
+
+#ifdef TG_HAVE_MPI
+/* FNV-1a over the bytes of every trainable value (f32): equal on every
+ * rank when the replicas are bitwise identical. */
+static uint64_t params_hash(tg_params *ps)
+{
+    uint64_t h = 1469598103934665603u;
+    tg_tensor *flat = tg_params_flat(ps, TG_F32);
+    const unsigned char *b = flat ? tg_tensor_data_ro(flat) : NULL;
+    size_t n = b ? (size_t)tg_tensor_numel(flat) * sizeof(float) : 0;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211u;
+    tg_tensor_release(flat);
+    return h;
+}
+
+/* 1 when every rank's parameters hash as rank 0's, 0 when one differs, -1
+ * when MPI fails (a collective). */
+static int dist_identical(const dist_state *ds, tg_params *ps)
+{
+    uint64_t mine = params_hash(ps), root = mine;
+    if (MPI_Bcast(&root, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD) != MPI_SUCCESS) return -1;
+    double differ = root != mine;
+    (void)ds;
+    return dist_sum(&differ, 1) ? differ == 0 : -1;
+}
+
+/* One --dist step on this rank's shard (x, y) of a global batch of `rows`
+ * rows: forward, the data-parallel backward (gradients averaged over the
+ * ranks), then the step's statistics summed over the ranks into stats:
+ * loss * rows, rows, correct predictions, ranks with a non-finite loss.
+ * Each rank's mean loss is weighted by size * its rows / rows, so the
+ * average over the ranks is the mean over the global batch even where the
+ * shards differ by a row; a rank with no rows sends zeros. */
+static tg_status dist_step(const dist_state *ds, const mlp *m, tg_tensor *x, tg_tensor *y,
+                           int64_t rows, double stats[4])
+{
+    int64_t n = tg_tensor_dim(y, 0);
+    tg_tensor *logits = mlp_forward(m, x), *loss = NULL;
+    double lv = 0;
+    if (logits && n == 0) {
+        loss = tg_mul_scalar(tg_sum(logits), 0.0);
+    } else if (logits) {
+        tg_tensor *ce = tg_cross_entropy(logits, y);
+        double w = (double)n * ds->size / (double)rows;
+        if (ce && tg_tensor_item(ce, &lv) == TG_OK) loss = w == 1 ? ce : tg_mul_scalar(ce, w);
+    }
+    tg_status st = tg_dist_backward(ds->d, loss);
+    if (st) return st;
+    stats[0] = lv * (double)n;
+    stats[1] = (double)n;
+    stats[2] = n ? (double)correct(tg_detach(logits), y) : 0;
+    stats[3] = !isfinite(lv);
+    if (!dist_sum(stats, 4)) return tg_dist_check(ds->d, TG_ERR_DIST);
+    return TG_OK;
+}
+
+static tg_status save_params(const dist_state *ds, tg_params *ps, tg_optim *opt, const char *path)
+{
+    return ds->d ? tg_dist_params_save(ds->d, ps, opt, path) : tg_params_save(ps, opt, path);
+}
+#else
+static int dist_identical(const dist_state *ds, tg_params *ps)
+{
+    (void)ds;
+    (void)ps;
+    return -1;
+}
+static tg_status dist_step(const dist_state *ds, const mlp *m, tg_tensor *x, tg_tensor *y,
+                           int64_t rows, double stats[4])
+{
+    (void)ds, (void)m, (void)x, (void)y, (void)rows, (void)stats;
+    return TG_ERR_INVALID;
+}
+static tg_status save_params(const dist_state *ds, tg_params *ps, tg_optim *opt, const char *path)
+{
+    (void)ds;
+    return tg_params_save(ps, opt, path);
+}
+#endif
 
 /* Whether the parameters can be saved to path: creates and removes a file
  * beside it, as the save's temporary file will be, so that a bad --save
@@ -243,6 +427,8 @@ static bool save_path_ok(const char *path)
     return true;
 }
 
+static int train_run(const train_opts *op, const dist_state *ds);
+
 int cli_train(int argc, char **argv)
 {
     train_opts o = {.epochs = 20, .batch = 32, .hidden = 128, .seed = 0, .lr = 1e-3,
@@ -261,12 +447,33 @@ int cli_train(int argc, char **argv)
     }
     int st = parse(argc, argv, &o);
     if (st) return st;
-    struct stat sb;
-    if (stat(o.save, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "tapegrad train: cannot write '%s' (--save): it is a directory\n", o.save);
-        return CLI_FAIL;
+    dist_state ds = {.rank = 0, .size = 1};
+    if (o.dist && (st = dist_begin(&ds)) != CLI_OK) {
+        dist_end(&ds);
+        return st;
     }
-    if (!save_path_ok(o.save)) return CLI_FAIL;
+    st = train_run(&o, &ds);
+    dist_end(&ds);
+    return st;
+}
+
+/* The whole job, on this rank with --dist. */
+static int train_run(const train_opts *op, const dist_state *ds)
+{
+    train_opts o = *op;
+    /* Rank 0 writes the file: it checks the path, and the others follow. */
+    bool path_ok = true;
+    if (ds->rank == 0) {
+        struct stat sb;
+        if (stat(o.save, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+            fprintf(stderr, "tapegrad train: cannot write '%s' (--save): it is a directory\n",
+                    o.save);
+            path_ok = false;
+        } else {
+            path_ok = save_path_ok(o.save);
+        }
+    }
+    if (!dist_agree((dist_state *)ds, path_ok)) return CLI_FAIL;
     const char *path = o.data;
     if (!path) path = access("data/digits.csv.gz", R_OK) == 0 ? "data/digits.csv.gz"
                                                             : TG_DATA_DIR "/digits.csv.gz";
@@ -307,7 +514,18 @@ int cli_train(int argc, char **argv)
     oo.lr = o.lr;
     opt = tg_optim_new(m.ps, &oo);
     tape = tg_tape_new(NULL);
-    it = tg_batches_new(train, o.batch, true, (uint64_t)o.seed + 2);
+    if (ds->d) {
+        it = tg_batches_new_sharded(train, o.batch, true, (uint64_t)o.seed + 2, ds->rank,
+                                    ds->size);
+        if (!it) {
+            cli_lib_error("train", "sharding the batches (--batch must be at least the ranks)");
+            goto out;
+        }
+        printf("data-parallel: %d MPI ranks, each mini-batch of %lld rows split across them, "
+               "gradients averaged\n", ds->size, (long long)o.batch);
+    } else {
+        it = tg_batches_new(train, o.batch, true, (uint64_t)o.seed + 2);
+    }
     if (o.workers > 0) {
         rep = tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = (int)o.workers});
         if (!rep) {
@@ -321,6 +539,15 @@ int cli_train(int argc, char **argv)
         cli_lib_error("train", "setting up training");
         goto out;
     }
+#ifdef TG_HAVE_MPI
+    /* Every rank starts from rank 0's parameters and overlaps the
+     * gradient all-reduce with its backward. */
+    if (ds->d && (tg_dist_broadcast(ds->d, m.ps, opt) || tg_dist_attach(ds->d, m.ps, tape))) {
+        cli_lib_error("train", "starting the replicas");
+        goto out;
+    }
+#endif
+    int64_t ntrain = tg_dataset_size(train);
     bool tty = !o.quiet && isatty(STDOUT_FILENO);
     int64_t steps = 0, nb = tg_batches_count(it);
     double t0 = now_s();
@@ -335,7 +562,13 @@ int cli_train(int argc, char **argv)
             tg_tensor *logits = NULL, *loss = NULL;
             double lv = 0;
             bool failed;
-            if (rep) {
+            double stats[4] = {0}; /* --dist: loss * rows, rows, hits, non-finite */
+            if (ds->d) {
+                failed = dist_step(ds, &m, x, y, global_rows(ntrain, o.batch, b), stats) ||
+                         (stats[3] == 0 && tg_optim_step(opt));
+                lv = stats[1] > 0 ? stats[0] / stats[1] : 0;
+                if (stats[3] != 0) lv = NAN;
+            } else if (rep) {
                 /* The replicas' backward runs before the loss is seen:
                  * a non-finite loss still stops before the step. */
                 failed = tg_replicas_step(rep, 2, (tg_tensor *[]){x, y}, shard_loss, &sc, &lv) ||
@@ -358,15 +591,18 @@ int cli_train(int argc, char **argv)
                 tg_scope_end();
                 tg_scope_end();
                 if (tty) printf("\n");
-                fprintf(stderr, "tapegrad train: the loss is %s at epoch %lld, step %lld (learning "
+                if (ds->rank == 0)
+                    fprintf(stderr, "tapegrad train: the loss is %s at epoch %lld, step %lld (learning "
                                 "rate %g too high, or non-finite data?); stopped, nothing saved\n",
                         isnan(lv) ? "NaN" : "infinite", (long long)e, (long long)b + 1, o.lr);
                 goto out;
             }
-            int64_t bsz = tg_tensor_dim(y, 0);
+            int64_t bsz = ds->d ? (int64_t)stats[1] : tg_tensor_dim(y, 0);
             loss_sum += lv * (double)bsz;
             seen += bsz;
-            if (rep)
+            if (ds->d)
+                hits += (int64_t)stats[2];
+            else if (rep)
                 for (int k = 0; k < tg_replicas_workers(rep); k++) hits += sc.hits[k];
             else
                 hits += correct(tg_detach(logits), y);
@@ -398,8 +634,22 @@ int cli_train(int argc, char **argv)
                         "%s\n", o.save);
         goto out;
     }
-    if (tg_params_save(m.ps, opt, o.save)) {
+    if (ds->d) {
+        int same = dist_identical(ds, m.ps);
+        if (same < 0) goto out;
+        printf("parameters of the %d ranks: %s\n", ds->size, same ? "bitwise identical" : "DIFFER");
+        if (!same) {
+            fprintf(stderr, "tapegrad train: rank %d: the replicas' parameters differ\n",
+                    ds->rank);
+            goto out;
+        }
+    }
+    if (save_params(ds, m.ps, opt, o.save)) {
         cli_lib_error("train", "saving the parameters");
+        goto out;
+    }
+    if (ds->rank != 0) { /* the check below reads rank 0's file */
+        status = CLI_OK;
         goto out;
     }
     /* A fresh model with other initial values, then the saved ones. */
