@@ -330,6 +330,10 @@ int bench_run(const bench_workload *wl, const bench_suite_opts *opts, bench_resu
 /* ---- dp.c: `tapegrad bench dp`: data-parallel throughput on 1..max_workers
  * worker threads for the mlp and the lstm (tg_replicas). 0 on success. */
 int bench_dp_cli(const bench_opts *o, int max_workers);
+/* `tapegrad bench dp --mpi`, run under mpirun: the same models across the
+ * MPI ranks (tg_dist), against one process on the whole batch, with the
+ * all-reduce time and the overlap fraction. 2 without MPI in the build. */
+int bench_dp_mpi_cli(const bench_opts *o);
 
 /* ---- hvp.c: `tapegrad bench hvp`. A Hessian-vector product of wl's loss
  * w.r.t. all its parameters (forward, create_graph sweep, second sweep)

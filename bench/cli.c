@@ -13,14 +13,17 @@ void bench_cli_usage(FILE *f, const char *prog)
             "       %*s [--quick] [--dot FILE]\n"
             "       %s hvp [--quick] [--threads N]\n"
             "       %s dp [--quick] [--workers N]\n"
+            "       mpirun -np N %s dp --mpi [--quick]\n"
             "workloads (default: all, in this order):\n",
-            prog, (int)strlen(prog), "", prog, prog);
+            prog, (int)strlen(prog), "", prog, prog, prog);
     for (int i = 0; bench_workloads[i]; i++)
         fprintf(f, "  %-12s %s\n", bench_workloads[i]->name, bench_workloads[i]->desc);
     fprintf(f, "  hvp          (alone) a Hessian-vector product of the mlp and elementwise\n"
                "               losses, as a ratio to their fwd+bwd in the same rounds\n");
     fprintf(f, "  dp           (alone) data-parallel train steps of the mlp and the lstm on 1..N\n"
-               "               worker threads (--workers N, default 2), samples/s and ratios\n");
+               "               worker threads (--workers N, default 2), samples/s and ratios;\n"
+               "               with --mpi, under mpirun, across the MPI ranks against one\n"
+               "               process, with the all-reduce time and the overlap fraction\n");
     fprintf(f, "options:\n"
                "  --threads N    threads for OpenBLAS and tapegrad's elementwise pool\n"
                "                 (tg_set_num_threads); default: as OPENBLAS_NUM_THREADS says\n"
@@ -96,6 +99,7 @@ int bench_cli(const char *prog, int argc, char **argv)
     bool hvp = false; /* `hvp`: the second-order table (hvp.c) instead */
     bool dp = false;  /* `dp`: the data-parallel table (dp.c) instead */
     int workers = 2;
+    bool mpi = false; /* dp --mpi: across MPI ranks instead of threads */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         bool missing = false;
@@ -126,13 +130,6 @@ int bench_cli(const char *prog, int argc, char **argv)
                         prog, v);
                 return 2;
             }
-        } else if (missing) {
-            fprintf(stderr, "%s: %s needs a value\n", prog, a);
-            return 2;
-        } else if (a[0] == '-') {
-            fprintf(stderr, "%s: unknown option '%s'\n\n", prog, a);
-            bench_cli_usage(stderr, prog);
-            return 2;
         } else if ((v = opt_value(argc, argv, &i, "--workers", &missing))) {
             char *end;
             long n = strtol(v, &end, 10);
@@ -141,6 +138,15 @@ int bench_cli(const char *prog, int argc, char **argv)
                 return 2;
             }
             workers = (int)n;
+        } else if (strcmp(a, "--mpi") == 0) {
+            mpi = true;
+        } else if (missing) {
+            fprintf(stderr, "%s: %s needs a value\n", prog, a);
+            return 2;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "%s: unknown option '%s'\n\n", prog, a);
+            bench_cli_usage(stderr, prog);
+            return 2;
         } else if (strcmp(a, "hvp") == 0) {
             hvp = true;
         } else if (strcmp(a, "dp") == 0) {
@@ -158,6 +164,10 @@ int bench_cli(const char *prog, int argc, char **argv)
             if (!dup && nsel < (int)(sizeof sel / sizeof sel[0])) sel[nsel++] = w;
         }
     }
+    if (mpi && !dp) {
+        fprintf(stderr, "%s: --mpi goes with dp only (mpirun -np 2 %s dp --mpi)\n", prog, prog);
+        return 2;
+    }
     if (dp) {
         if (hvp || nsel || json || o.profile || o.dot_path || o.threads ||
             o.policy != BENCH_POLICY_NONE) {
@@ -165,7 +175,7 @@ int bench_cli(const char *prog, int argc, char **argv)
             return 2;
         }
         bench_opts bo = {.quick = o.quick};
-        return bench_dp_cli(&bo, workers);
+        return mpi ? bench_dp_mpi_cli(&bo) : bench_dp_cli(&bo, workers);
     }
     if (hvp) {
         if (nsel || json || o.profile || o.dot_path || o.policy != BENCH_POLICY_NONE) {

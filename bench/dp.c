@@ -313,3 +313,249 @@ int bench_dp_cli(const bench_opts *o, int max_workers)
     tg_set_num_threads(prev);
     return failed ? 1 : 0;
 }
+
+/* ---- `tapegrad bench dp --mpi`, under mpirun: the same models across MPI
+ * ranks (tg_dist). Each round times, on every rank in step:
+ *   1 process  rank 0 alone, the whole global batch on the plain loop
+ *              (the others wait at the closing barrier)
+ *   N ranks    a shard each, tg_dist_backward without overlap (every
+ *              bucket all-reduced after the backward)
+ *   N overlap  the same with tg_dist_attach: buckets start during the sweep
+ * A sample is reps steps between two barriers; rank 0 reports. The
+ * all-reduce time is what the no-overlap steps wait after their backward;
+ * the overlap fraction is the share of it the overlapped steps hide. */
+#ifdef TG_HAVE_MPI
+#include <tapegrad/dist.h>
+
+enum { DPM_ALONE, DPM_SYNC, DPM_OVERLAP, DPM_NVAR };
+
+typedef struct dpm_ctx {
+    dp_model m;
+    tg_optim *opt;
+    tg_tape *tape;
+    tg_dist *d;
+    int rank, size;
+    tg_tensor *shard[2]; /* this rank's rows of x and y */
+    int64_t rows;
+    tg_dist_stats sum[DPM_NVAR];
+    long steps[DPM_NVAR];
+} dpm_ctx;
+
+static tg_status dpm_step(dpm_ctx *c, int v)
+{
+    tg_optim_zero_grad(c->opt);
+    tg_scope_begin();
+    tg_status st;
+    if (v == DPM_ALONE) {
+        tg_tensor *in[2] = {c->m.x, c->m.y};
+        tg_replica_info info = {.workers = 1, .tape = c->tape, .rows = c->m.batch};
+        tg_tensor *loss = dp_loss(&c->m, &info, c->m.y ? 2 : 1, in);
+        st = loss ? tg_backward(loss) : tg_last_error();
+    } else {
+        tg_replica_info info = {.workers = 1, .tape = c->tape, .rows = c->rows};
+        tg_tensor *loss = dp_loss(&c->m, &info, c->m.y ? 2 : 1, c->shard);
+        st = tg_dist_backward(c->d, loss);
+        tg_dist_stats s;
+        if (!st && !tg_dist_last_stats(c->d, &s)) {
+            c->sum[v].allreduce_s += s.allreduce_s;
+            c->sum[v].exposed_s += s.exposed_s;
+            c->sum[v].backward_s += s.backward_s;
+            c->sum[v].bytes = s.bytes;
+            c->sum[v].buckets = s.buckets;
+            c->steps[v]++;
+        }
+    }
+    tg_scope_end();
+    tg_tape_reset(c->tape);
+    return st ? st : tg_optim_step(c->opt);
+}
+
+/* The overlap on or off: the tape's gradient-ready function is tg_dist's
+ * (tg_dist_attach) or none, and then every bucket starts after the sweep. */
+static tg_status dpm_mode(dpm_ctx *c, int v)
+{
+    if (v == DPM_OVERLAP) return tg_dist_attach(c->d, c->m.ps, c->tape);
+    return tg_tape_set_grad_ready(c->tape, NULL, NULL);
+}
+
+/* One sample of v on every rank: reps steps between two barriers; the
+ * ns per step as rank 0 saw it (-1 on failure, agreed). */
+static double dpm_sample(dpm_ctx *c, int v, long reps)
+{
+    int bad = dpm_mode(c, v) != TG_OK;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = bench_now_ns();
+    if (v != DPM_ALONE || c->rank == 0)
+        for (long i = 0; i < reps && !bad; i++) bad = dpm_step(c, v) != TG_OK;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    double t1 = bench_now_ns();
+    return bad ? -1 : (t1 - t0) / (double)reps;
+}
+
+/* The flat gradient of one step of v with the learning rate at 0 (caller
+ * frees). */
+static float *dpm_grad(dpm_ctx *c, int v, int64_t *n)
+{
+    tg_optim_set_lr(c->opt, 0);
+    float *out = NULL;
+    if (dpm_mode(c, v) == TG_OK && dpm_step(c, v) == TG_OK) {
+        tg_tensor *g = tg_params_flat_grad(c->m.ps, TG_F32);
+        out = g ? bench_copy_f32(g) : NULL;
+        *n = g ? tg_tensor_numel(g) : 0;
+        tg_tensor_release(g);
+    }
+    tg_optim_set_lr(c->opt, 1e-6);
+    return out;
+}
+
+static int dpm_run(bool lstm, int64_t batch, bool quick, int rank, int size)
+{
+    dpm_ctx c = {.rank = rank, .size = size};
+    char err[512] = "";
+    int rc = 1, bad = 0;
+    if (dp_model_new(&c.m, lstm, batch, err, sizeof err)) {
+        fprintf(stderr, "tapegrad bench dp --mpi: rank %d: %s\n", rank, err);
+        bad = 1;
+    }
+    if (!bad) {
+        int64_t b = c.m.batch, lo = b * rank / size, hi = b * (rank + 1) / size;
+        c.rows = hi - lo;
+        c.shard[0] = tg_narrow(c.m.x, 0, lo, c.rows);
+        c.shard[1] = c.m.y ? tg_narrow(c.m.y, 0, lo, c.rows) : NULL;
+        c.opt = tg_optim_new(c.m.ps, &(tg_optim_opts){.kind = TG_OPTIM_SGD, .lr = 1e-6});
+        c.tape = tg_tape_new(NULL);
+        bad = !c.shard[0] || (c.m.y && !c.shard[1]) || !c.opt || !c.tape ||
+              tg_params_requires_grad(c.m.ps, c.tape) ||
+              tg_dist_new(MPI_COMM_WORLD, &(tg_dist_opts){.timeout_s = 120}, &c.d) ||
+              tg_dist_broadcast(c.d, c.m.ps, c.opt);
+        if (bad) fprintf(stderr, "tapegrad bench dp --mpi: rank %d: setup: %s\n", rank,
+                         tg_last_error_message());
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad) goto out;
+    /* Check: the ranks' averaged gradient against the whole batch's. */
+    double worst = 0;
+    int64_t n1 = 0, n2 = 0;
+    float *g1 = dpm_grad(&c, DPM_ALONE, &n1);
+    for (int v = DPM_SYNC; v <= DPM_OVERLAP; v++) {
+        float *g = dpm_grad(&c, v, &n2);
+        if (!g || !g1 || n1 != n2) {
+            worst = INFINITY;
+        } else {
+            double gmax = 0;
+            for (int64_t i = 0; i < n1; i++) gmax = fmax(gmax, fabs(g1[i]));
+            for (int64_t i = 0; i < n1; i++)
+                worst = fmax(worst, fabs(g[i] - g1[i]) / fmax(gmax, 1e-30));
+        }
+        free(g);
+    }
+    free(g1);
+    MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (!(worst <= 1e-4)) {
+        if (rank == 0)
+            fprintf(stderr, "tapegrad bench dp --mpi: %s: gradient check failed (worst %.3g)\n",
+                    c.m.name, worst);
+        goto out;
+    }
+    /* Steps per sample from rank 0's warm-up of the slowest variant. */
+    double one = 0;
+    for (int w = 0; w < 3; w++)
+        for (int v = 0; v < DPM_NVAR; v++) {
+            double ns = dpm_sample(&c, v, 1);
+            if (ns < 0) goto fail;
+            if (v == DPM_ALONE) one = ns;
+        }
+    long reps = (long)((quick ? 5e6 : 6e7) / fmax(one, 1));
+    if (reps < 1) reps = 1;
+    MPI_Bcast(&reps, 1, MPI_LONG, 0, MPI_COMM_WORLD);
+    int runs = quick ? 3 : 11;
+    double t[DPM_NVAR][64];
+    memset(c.sum, 0, sizeof c.sum);
+    memset(c.steps, 0, sizeof c.steps);
+    for (int r = 0; r < runs; r++)
+        for (int v = 0; v < DPM_NVAR; v++)
+            if ((t[v][r] = dpm_sample(&c, v, reps)) < 0) goto fail;
+    if (rank == 0) {
+        printf("%-5s global batch %lld: %s; check: worst gradient difference %.2g of max |g|\n",
+               c.m.name, (long long)c.m.batch, c.m.desc, worst);
+        double sync_ar = c.steps[DPM_SYNC] ? c.sum[DPM_SYNC].exposed_s / c.steps[DPM_SYNC] : 0;
+        for (int v = 0; v < DPM_NVAR; v++) {
+            double ratio[64];
+            for (int r = 0; r < runs; r++) ratio[r] = t[DPM_ALONE][r] / t[v][r];
+            bench_stat s = bench_stat_of(t[v], runs);
+            char what[40];
+            if (v == DPM_ALONE)
+                snprintf(what, sizeof what, "1 process, plain");
+            else
+                snprintf(what, sizeof what, "%d rank%s, %s", size, size > 1 ? "s" : "",
+                         v == DPM_SYNC ? "no overlap" : "overlap");
+            printf("  %-22s %9.3f ms/step %9.0f samples/s %6.2fx", what, s.median / 1e6,
+                   (double)c.m.batch / (s.median / 1e9), bench_median(ratio, runs));
+            if (v != DPM_ALONE && c.steps[v]) {
+                double k = (double)c.steps[v];
+                printf("   all-reduce %.3f ms, exposed %.3f ms", c.sum[v].allreduce_s / k * 1e3,
+                       c.sum[v].exposed_s / k * 1e3);
+                if (v == DPM_OVERLAP && sync_ar > 0)
+                    printf(", overlap %.0f%%",
+                           100 * fmax(0, 1 - (c.sum[v].exposed_s / k) / sync_ar));
+            }
+            printf("\n");
+        }
+        printf("  (%d buckets, %.2f MB per step and rank)\n", c.sum[DPM_OVERLAP].buckets,
+               (double)c.sum[DPM_OVERLAP].bytes / 1e6);
+    }
+    rc = 0;
+    goto out;
+fail:
+    if (rank == 0)
+        fprintf(stderr, "tapegrad bench dp --mpi: %s: a step failed: %s\n", c.m.name,
+                tg_last_error_message());
+out:
+    tg_dist_free(c.d);
+    tg_tensor_release(c.shard[0]);
+    tg_tensor_release(c.shard[1]);
+    tg_optim_free(c.opt);
+    tg_tape_free(c.tape);
+    dp_model_free(&c.m);
+    return rc;
+}
+
+int bench_dp_mpi_cli(const bench_opts *o)
+{
+    int inited = 0, rank = 0, size = 1;
+    MPI_Initialized(&inited);
+    if (!inited && MPI_Init(NULL, NULL) != MPI_SUCCESS) {
+        fprintf(stderr, "tapegrad bench dp --mpi: MPI_Init failed\n");
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int prev = tg_num_threads();
+    tg_set_num_threads(1); /* one rank per core */
+    if (rank == 0) {
+        bench_env env;
+        bench_env_get(&env);
+        bench_print_env(stdout, &env);
+        printf("data-parallel train steps across %d MPI rank%s (tg_dist), 1 thread each:\n"
+               "zero_grad, forward, backward, all-reduce, SGD step; median over interleaved\n"
+               "rounds; ratios are the throughput against 1 process on the whole batch in the\n"
+               "same rounds%s\n\n",
+               size, size > 1 ? "s" : "", o->quick ? " (quick: not a measurement)" : "");
+        fflush(stdout);
+    }
+    int failed = dpm_run(false, BENCH_MLP_BATCH, o->quick, rank, size) +
+                 dpm_run(true, 32, o->quick, rank, size) +
+                 dpm_run(true, 128, o->quick, rank, size);
+    tg_set_num_threads(prev);
+    if (!inited) MPI_Finalize();
+    return failed ? 1 : 0;
+}
+#else
+int bench_dp_mpi_cli(const bench_opts *o)
+{
+    (void)o;
+    fprintf(stderr, "tapegrad bench dp --mpi: this build has no MPI (install libopenmpi-dev "
+                    "openmpi-bin, then 'meson setup --reconfigure build')\n");
+    return 2;
+}
+#endif

@@ -100,5 +100,18 @@ if [ -n "$cli" ]; then
     done
 fi
 
+if [ -n "$cli" ]; then
+    # The MPI benchmark's smoke run: its gradient check (ranks against one
+    # process on the whole batch) must pass; its figures are not judged.
+    echo "== tapegrad bench dp --mpi --quick, 2 ranks"
+    out=$(ASAN_OPTIONS=$cli_asan timeout 300 "${mpi[@]}" -np 2 "$cli" bench dp --mpi --quick 2>&1)
+    rc=$?
+    echo "$out"
+    if [ $rc -ne 0 ] || [ "$(grep -c 'overlap [0-9]*%' <<<"$out")" != 3 ]; then
+        echo "FAIL: bench dp --mpi (exit $rc)"
+        status=1
+    fi
+fi
+
 [ $status -eq 0 ] && echo "mpi tests: passed"
 exit $status
