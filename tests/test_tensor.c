@@ -646,3 +646,38 @@ Test(tensor, float_to_i64_casts_saturate_and_nan_gives_zero)
 {
     tu_on_both_backends(check_saturating_cast);
 }
+
+Test(tensor, large_buffers_are_reused_across_more_sizes_than_the_cache_table)
+{
+    /* The freed-buffer cache (16 KiB and up) keeps a table of sizes: more
+     * distinct sizes than it has entries (256) must still give every
+     * tensor its own, correct values, and the accounting must come back
+     * to where it was. */
+    size_t base = tg_mem_current_bytes();
+    for (int round = 0; round < 3; round++) {
+        tg_tensor *t[300];
+        for (int i = 0; i < 300; i++) {
+            int64_t n = 4096 + 17 * i + round; /* 16 KiB and up, all different */
+            t[i] = tg_full(TG_F32, 1, (int64_t[]){n}, (double)i);
+            cr_assert_not_null(t[i], "%s", tg_last_error_message());
+        }
+        for (int i = 0; i < 300; i++) {
+            const float *v = tg_tensor_data_ro(t[i]);
+            int64_t n = tg_tensor_numel(t[i]);
+            cr_assert(v[0] == (float)i && v[n - 1] == (float)i, "tensor %d", i);
+        }
+        for (int i = 0; i < 300; i++) tg_tensor_release(t[i]);
+        cr_assert_eq(tg_mem_current_bytes(), base);
+    }
+    /* The same size again and again comes back from the cache, intact. */
+    for (int i = 0; i < 1000; i++) {
+        tg_tensor *a = tg_full(TG_F64, 1, (int64_t[]){4096}, 1.5);
+        tg_tensor *b = tg_full(TG_F64, 1, (int64_t[]){4096}, 2.5);
+        cr_assert(((const double *)tg_tensor_data_ro(a))[4095] == 1.5);
+        cr_assert(((const double *)tg_tensor_data_ro(b))[0] == 2.5);
+        tg_tensor_release(b);
+        tg_tensor_release(a);
+    }
+    tg_mem_trim();
+    cr_assert_eq(tg_mem_current_bytes(), base);
+}
