@@ -127,6 +127,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
     bool prev = tg_grad_set_enabled(false);
     ready_list ready = {0};
     tg_status st = tape->ready ? ready_init(tape, top, &ready) : TG_OK;
+    const bool notify = ready.n > 0; /* in a register, not reloaded per node */
     for (int64_t i = top; i >= 0 && st == TG_OK; i--) {
         tg_node *n = &tape->nodes[i];
         tg_tensor *g = grads[n->out_slot];
@@ -170,7 +171,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             }
         }
         tg__sweep_drop(&s, i);
-        if (ready.n && st == TG_OK) st = ready_fire(tape, &ready, grads, i);
+        if (notify && st == TG_OK) st = ready_fire(tape, &ready, grads, i);
     }
     if (ready.n && st == TG_OK) st = ready_fire(tape, &ready, grads, -1);
     free(ready.leaf);

@@ -81,7 +81,9 @@ int64_t tg__region_find(sweep_state *s, int64_t top, int64_t *hoist, int *nhoist
     tg_dtype dt = n->out_spec.dtype;
     int64_t numel = spec_numel(&n->out_spec);
     *nhoist = 0;
-    if (s->tape->opts.plain_backward || s->tape->opts.anomaly || s->tape->any_hooks || numel < 2 * block_elems(dt) || !joins(n, dt, numel))
+    /* The size first: most small nodes stop there. */
+    if (numel < 2 * block_elems(dt) || s->tape->opts.plain_backward || s->tape->opts.anomaly ||
+        s->tape->any_hooks || !joins(n, dt, numel))
         return top;
     int64_t members[TG_REGION_SPAN];
     int nmem = 1, nh = 0;

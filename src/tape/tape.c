@@ -52,6 +52,7 @@ tg_tape *tg_tape_new(const tg_tape_opts *opts)
     tape->gen = 1;
     tape->opts = o;
     tape->watch = o.anomaly;
+    tape->cur_label = -1;
     return tape;
 }
 
@@ -224,8 +225,12 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     bool recompute = false, checkpoints = true;
     if (tape->nnodes == 0) tape->writes_at_first = atomic_load_explicit(&tg__writes, memory_order_relaxed);
     size_t none_add = 0;
-    tg_status st = tg__tape_choose(tape, op, nin, in, seen, tracked, out, extra, nextra,
-                                   &recompute, &checkpoints, &none_add);
+    /* NONE outside a segment saves as the op says: no call (the common
+     * case, on every recorded op). */
+    bool plain = tape->opts.policy == TG_CHECKPOINT_NONE && tape->segment_depth == 0;
+    tg_status st = plain ? TG_OK
+                         : tg__tape_choose(tape, op, nin, in, seen, tracked, out, extra, nextra,
+                                           &recompute, &checkpoints, &none_add);
     if (st) return st;
     for (int i = 0; i < nin; i++) {
         slots[i] = tracked[i] ? tg__tape_slot(in[i]) : -1;
@@ -303,7 +308,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     }
     n->out_ver = out->storage->version;
     n->out_written = false;
-    n->label = tape->label_depth ? tape->label_stack[tape->label_depth - 1] : -1;
+    n->label = tape->cur_label;
     tape->none_bytes += none_add;
 
     tg__tape_ref(tape);
@@ -433,6 +438,7 @@ tg_status tg_tape_label_push(tg_tape *tape, const char *name)
         tape->labels[id] = copy;
     }
     tape->label_stack[tape->label_depth++] = id;
+    tape->cur_label = id;
     return TG_OK;
 }
 
@@ -443,6 +449,7 @@ tg_status tg_tape_label_pop(tg_tape *tape)
     if (!tape->label_depth)
         return tg__err(TG_ERR_SCOPE, "bad argument #1 to 'tape_label_pop' (no label is open)");
     tape->label_depth--;
+    tape->cur_label = tape->label_depth ? tape->label_stack[tape->label_depth - 1] : -1;
     return TG_OK;
 }
 

@@ -79,6 +79,7 @@ struct tg_tape {
     int32_t nlabels, caplabels;
     int32_t label_stack[TG_TAPE_MAX_LABELS];
     int label_depth;
+    int32_t cur_label; /* the innermost open label, -1: none (what a node records) */
     /* Hooks (hooks.c). any_hooks: gradient or node hooks are set (the
      * sweep then runs node by node, no pointwise blocks). */
     struct tg__grad_hook *hooks;
