@@ -681,3 +681,27 @@ Test(tensor, large_buffers_are_reused_across_more_sizes_than_the_cache_table)
     tg_mem_trim();
     cr_assert_eq(tg_mem_current_bytes(), base);
 }
+
+Test(tensor, headers_past_the_per_thread_cache_are_reused_intact)
+{
+    /* Far more tensors than the per-thread header cache holds (256): the
+     * rest go to a spare list and come back on the next round, each a
+     * fresh tensor with its own values; tg_mem_trim frees the spares. */
+    enum { N = 5000 };
+    static tg_tensor *t[N];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) {
+            t[i] = tg_full(TG_F64, 1, (int64_t[]){1 + (i % 3)}, (double)(i + round));
+            cr_assert_not_null(t[i], "%s", tg_last_error_message());
+        }
+        for (int i = 0; i < N; i++) {
+            double v;
+            cr_assert_eq(tg_tensor_ndim(t[i]), 1);
+            cr_assert_eq(tg_tensor_numel(t[i]), 1 + (i % 3));
+            cr_assert_eq(tg_tensor_get(t[i], 0, &v), TG_OK);
+            cr_assert_eq(v, (double)(i + round));
+        }
+        for (int i = 0; i < N; i++) tg_tensor_release(t[i]);
+        if (round == 1) tg_mem_trim();
+    }
+}

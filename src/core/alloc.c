@@ -195,6 +195,7 @@ void tg__mem_uncount(size_t nbytes)
 void tg_mem_trim(void)
 {
     tg__data_trim();
+    tg__headers_trim();
 }
 
 size_t tg_mem_current_bytes(void)

@@ -95,6 +95,8 @@ struct tg_tensor {
  * function's register saves; the last release out of line. The public
  * tg_tensor_retain / tg_tensor_release do the same (tensor.c). */
 TG_INTERNAL void tg__tensor_release_last(tg_tensor *t);
+/* Frees the calling thread's spare tensor headers (tg_mem_trim). */
+TG_INTERNAL void tg__headers_trim(void);
 static inline tg_tensor *tg__retain(tg_tensor *t)
 {
     if (t) t->refcount++;

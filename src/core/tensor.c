@@ -110,6 +110,22 @@ static TG_THREAD_LOCAL int nfree_headers;
 /* The cache's capacity on this thread: 0 until the thread is registered
  * (below), so the push stays one compare, as it was before registration. */
 static TG_THREAD_LOCAL int cap_headers;
+/* Past the array: every further freed header, linked through its first
+ * word, so that a long tape (10^5 ops and more, several headers each)
+ * gets its headers back on the next step instead of fresh pages from the
+ * allocator (which had returned them: a page fault per dozen headers, and
+ * 11x the per-op time of a short tape). It holds at most what the
+ * thread's largest step had alive; tg_mem_trim returns it. */
+static TG_THREAD_LOCAL tg_tensor *spare_headers;
+
+static void spare_headers_free(void)
+{
+    while (spare_headers) {
+        tg_tensor *t = spare_headers;
+        memcpy(&spare_headers, t, sizeof spare_headers);
+        free(t);
+    }
+}
 
 /* What a thread holds (cached headers, the scope arrays) is freed when it
  * exits: the first header it caches or the scope array it allocates sets
@@ -125,6 +141,7 @@ static void thread_exit(void *unused)
     (void)unused;
     tg__scope_thread_exit(); /* may cache headers: first */
     while (nfree_headers > 0) free(free_headers[--nfree_headers]);
+    spare_headers_free();
     /* A later destructor that uses the library registers the thread again
      * (POSIX then runs this one once more). */
     cap_headers = 0;
@@ -155,7 +172,29 @@ static void header_free_slow(tg_tensor *t)
         free_headers[nfree_headers++] = t;
         return;
     }
+    if (HEADER_CACHE > 0 && cap_headers > 0) { /* the array is full */
+        memcpy(t, &spare_headers, sizeof spare_headers);
+        spare_headers = t;
+        return;
+    }
     free(t);
+}
+
+/* The array is empty: a spare header, or a new one. */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static tg_tensor *header_alloc_slow(void)
+{
+    tg_tensor *t = spare_headers;
+    if (!t) return malloc(sizeof *t);
+    memcpy(&spare_headers, t, sizeof spare_headers);
+    return t;
+}
+
+void tg__headers_trim(void)
+{
+    spare_headers_free();
 }
 
 static void header_free(tg_tensor *t)
@@ -179,7 +218,7 @@ __attribute__((optimize("no-tree-loop-distribute-patterns")))
 #endif
 static tg_tensor *header_new(void)
 {
-    tg_tensor *t = nfree_headers ? free_headers[--nfree_headers] : malloc(sizeof *t);
+    tg_tensor *t = nfree_headers ? free_headers[--nfree_headers] : header_alloc_slow();
     if (!t) {
         tg__err(TG_ERR_NOMEM, "out of memory allocating a tensor header");
         return NULL;

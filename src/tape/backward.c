@@ -106,6 +106,34 @@ static tg_status ready_fire(tg_tape *tape, ready_list *r, tg_tensor **grads, int
     return TG_OK;
 }
 
+/* Zeroed gradient slots for a sweep: the tape's kept array when free. */
+static tg_tensor **grads_take(tg_tape *tape, int32_t n, bool *pooled)
+{
+    *pooled = false;
+    if (!tape->sweep_busy) {
+        if (tape->sweep_cap < n) {
+            free(tape->sweep_grads);
+            tape->sweep_grads = malloc((size_t)n * sizeof *tape->sweep_grads);
+            tape->sweep_cap = tape->sweep_grads ? n : 0;
+        }
+        if (tape->sweep_grads) {
+            memset(tape->sweep_grads, 0, (size_t)n * sizeof *tape->sweep_grads);
+            tape->sweep_busy = true;
+            *pooled = true;
+            return tape->sweep_grads;
+        }
+    }
+    return calloc((size_t)n, sizeof(tg_tensor *));
+}
+
+static void grads_give(tg_tape *tape, tg_tensor **grads, bool pooled)
+{
+    if (pooled)
+        tape->sweep_busy = false;
+    else
+        free(grads);
+}
+
 static tg_status sweep(tg_tensor *out, tg_tensor *seed)
 {
     tg_tape *tape = out->tape;
@@ -116,10 +144,11 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
     if (!vst && tape->npacks) vst = tg__hooks_unpack(tape, top);
     if (vst) return vst;
     sweep_state s = {.tape = tape};
-    s.grads = calloc((size_t)tape->nslots, sizeof *s.grads);
+    bool pooled;
+    s.grads = grads_take(tape, tape->nslots, &pooled);
     if (!s.grads) return tg__err(TG_ERR_NOMEM, "out of memory for %d gradient slots", tape->nslots);
     if (tg__sweep_values_init(&s, top)) {
-        free(s.grads);
+        grads_give(tape, s.grads, pooled);
         return TG_ERR_NOMEM;
     }
     tg_tensor **grads = s.grads;
@@ -209,7 +238,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
     }
     if (st == TG_OK && tape->nleaf_hooks) st = tg__hooks_leaves(tape);
     for (int32_t i = 0; i < tape->nslots; i++) tg_tensor_release(grads[i]);
-    free(grads);
+    grads_give(tape, grads, pooled);
     tg_grad_set_enabled(prev);
     return st;
 }

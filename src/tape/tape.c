@@ -70,6 +70,7 @@ void tg__tape_unref(tg_tape *tape)
     free(tape->labels);
     free(tape->nodes);
     free(tape->leaves);
+    free(tape->sweep_grads);
     free(tape);
 }
 

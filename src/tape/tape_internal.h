@@ -80,6 +80,12 @@ struct tg_tape {
     int32_t label_stack[TG_TAPE_MAX_LABELS];
     int label_depth;
     int32_t cur_label; /* the innermost open label, -1: none (what a node records) */
+    /* tg_backward's gradient slots, kept from sweep to sweep (a long tape
+     * otherwise maps fresh zero pages for them every step); busy while a
+     * sweep uses them (a hook's own backward then allocates its own). */
+    struct tg_tensor **sweep_grads;
+    int32_t sweep_cap;
+    bool sweep_busy;
     /* Hooks (hooks.c). any_hooks: gradient or node hooks are set (the
      * sweep then runs node by node, no pointwise blocks). */
     struct tg__grad_hook *hooks;
