@@ -349,6 +349,9 @@ int bench_hvp(const bench_opts *o, const bench_workload *wl, bench_hvp_result *r
               size_t errlen);
 /* Runs it on mlp and elementwise and prints the table; 0 or 1 (a failure). */
 int bench_hvp_cli(const bench_opts *o);
+/* ---- scale.c: `tapegrad bench scale`: the chain at 10^2..10^6 ops (per-op
+ * time, page faults, resident bytes). 0 on success. */
+int bench_scale_cli(const bench_opts *o);
 
 /* Writes the mlp workload's tape (one forward under opts' policy) as DOT. */
 int bench_write_dot(const bench_suite_opts *opts, const char *path, char *err, size_t errlen);

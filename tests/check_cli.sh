@@ -76,6 +76,13 @@ awk -v a="$acc3" -v b="$acc0" 'BEGIN { d = a - b; exit !(a >= 0.9 && d < 0.02 &&
     fail "--workers 3: test accuracy $acc3, plain loop $acc0 (want within 0.02, >= 0.9)"
 run train digits --workers 65 --data "$data"
 [[ $rc == 2 && $err == *"--workers needs an integer in [0, 64]"* ]] || fail "--workers 65 (rc $rc): $err"
+# The tape-length table (bench scale): one row per length, 10^2..10^4.
+run bench scale --quick
+[[ $rc == 0 ]] || fail "bench scale --quick (rc $rc): $err"
+rows=$(grep -cE '^ +(100|1000|10000) ' <<<"$out")
+[[ $rows == 3 ]] || fail "bench scale --quick printed $rows rows: $out"
+run bench scale mlp
+[[ $rc == 2 && $err == *"scale runs alone"* ]] || fail "bench scale mlp (rc $rc): $err"
 run train digits --workers 2 --dist --data "$data"
 [[ $rc == 2 && $err == *"--dist and --workers cannot be combined"* ]] || fail "--dist --workers (rc $rc): $err"
 
