@@ -133,10 +133,12 @@ int tg_scope_depth(void);
 size_t tg_mem_current_bytes(void);
 size_t tg_mem_peak_bytes(void);
 void tg_mem_reset_peak(void);
-/* Freed buffers of 64 KiB or more are kept (up to 256 of them, 1 GiB in
+/* Freed buffers of 16 KiB or more are kept (up to 1024 of them, 1 GiB in
  * all) for the next allocation of the same size, since training loops
  * reallocate the same sizes every step; the counters above do not include
- * them. tg_mem_trim hands them back to the allocator. */
+ * them. Freed tensor headers are kept per thread too (as many as the
+ * thread's largest step had alive). tg_mem_trim hands the buffers, and the
+ * calling thread's spare headers, back to the allocator. */
 void tg_mem_trim(void);
 /* "jemalloc" or "malloc": the allocator tensor storage goes through. */
 const char *tg_mem_allocator(void);
