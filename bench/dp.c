@@ -46,7 +46,8 @@ static tg_tensor *dp_loss(void *ud, const tg_replica_info *info, int n, tg_tenso
         return tg_cross_entropy(tg_linear_forward(m->fc[2], h), in[1]);
     }
     int64_t b = info->rows;
-    tg_tensor *h = tg_zeros(TG_F32, 2, (int64_t[]){b, DP_H}), *c = tg_zeros(TG_F32, 2, (int64_t[]){b, DP_H});
+    tg_tensor *h = tg_zeros(TG_F32, 2, (int64_t[]){b, DP_H}),
+              *c = tg_zeros(TG_F32, 2, (int64_t[]){b, DP_H});
     for (int t = 0; t < DP_T && h; t++) {
         tg_tensor *xt = tg_narrow(in[0], 1, (int64_t)t * DP_I, DP_I);
         if (tg_lstm_cell_forward(m->cell, xt, h, c, &h, &c)) return NULL;
@@ -89,7 +90,8 @@ static int dp_model_new(dp_model *m, bool lstm, int64_t batch, char *err, size_t
         m->desc = "LSTM cell 32->128, 32 steps, mean(h^2+c^2)/2";
         m->batch = batch;
         ok = ok && (m->cell = tg_lstm_cell_new(m->ps, "lstm", DP_I, DP_H, TG_F32, &rng));
-        if (ok) ok = (m->x = tg_rand_normal(&rng, TG_F32, 2, (int64_t[]){m->batch, DP_T * DP_I}, 0, 1));
+        if (ok)
+            ok = (m->x = tg_rand_normal(&rng, TG_F32, 2, (int64_t[]){m->batch, DP_T * DP_I}, 0, 1));
     }
     if (!ok) {
         dp_model_free(m);

@@ -592,9 +592,10 @@ static int train_run(const train_opts *op, const dist_state *ds)
                 tg_scope_end();
                 if (tty) printf("\n");
                 if (ds->rank == 0)
-                    fprintf(stderr, "tapegrad train: the loss is %s at epoch %lld, step %lld (learning "
-                                "rate %g too high, or non-finite data?); stopped, nothing saved\n",
-                        isnan(lv) ? "NaN" : "infinite", (long long)e, (long long)b + 1, o.lr);
+                    fprintf(stderr,
+                            "tapegrad train: the loss is %s at epoch %lld, step %lld (learning "
+                            "rate %g too high, or non-finite data?); stopped, nothing saved\n",
+                            isnan(lv) ? "NaN" : "infinite", (long long)e, (long long)b + 1, o.lr);
                 goto out;
             }
             int64_t bsz = ds->d ? (int64_t)stats[1] : tg_tensor_dim(y, 0);
@@ -609,7 +610,8 @@ static int train_run(const train_opts *op, const dist_state *ds)
             tg_scope_end();
             tg_tape_reset(tape);
             steps++;
-            progress(tty, e, o.epochs, ++b, nb, loss_sum / (double)seen, (double)hits / (double)seen);
+            progress(tty, e, o.epochs, ++b, nb, loss_sum / (double)seen,
+                     (double)hits / (double)seen);
         }
         tg_scope_end();
         tg_batches_next_epoch(it);
