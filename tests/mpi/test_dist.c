@@ -228,6 +228,27 @@ static void test_broadcast(tg_dist *d, tg_dataset *ds)
     model_free(&m);
 }
 
+/* The single-process reference: the gradient that `steps` plain backwards
+ * over the unsharded global batches of (shuffle, seed) accumulate in m
+ * (leaves of tape), copied out; m's gradients are zeroed afterwards. */
+static double *global_batch_grad(model *m, tg_tape *tape, tg_dataset *ds, int steps, bool shuffle,
+                                 uint64_t seed, int64_t *n)
+{
+    tg_batches *whole = tg_batches_new(ds, BATCH, shuffle, seed);
+    for (int s = 0; s < steps; s++) {
+        tg_scope_begin();
+        tg_tensor *x, *y;
+        tg_batches_next(whole, &x, &y);
+        tg_backward(model_loss(m, x, y));
+        tg_scope_end();
+        tg_tape_reset(tape);
+    }
+    tg_batches_free(whole);
+    double *want = flat_grad(m->ps, TG_F64, n);
+    tg_params_zero_grad(m->ps);
+    return want;
+}
+
 /* ---- (b) the averaged gradient of the shards is the gradient of the
  * global batch, with and without overlap; 2 steps accumulate. */
 static void test_gradients(tg_dataset *ds, bool attach, size_t bucket_bytes, bool sum)
@@ -240,18 +261,8 @@ static void test_gradients(tg_dataset *ds, bool attach, size_t bucket_bytes, boo
     /* The single-process reference over the same 2 global batches. */
     tg_tape *tape = tg_tape_new(NULL);
     tg_params_requires_grad(m.ps, tape);
-    tg_batches *whole = tg_batches_new(ds, BATCH, true, 5);
-    for (int s = 0; s < 2; s++) {
-        tg_scope_begin();
-        tg_tensor *x, *y;
-        tg_batches_next(whole, &x, &y);
-        tg_backward(model_loss(&m, x, y));
-        tg_scope_end();
-        tg_tape_reset(tape);
-    }
     int64_t n;
-    double *want = flat_grad(m.ps, TG_F64, &n);
-    tg_params_zero_grad(m.ps);
+    double *want = global_batch_grad(&m, tape, ds, 2, true, 5, &n);
 
     tg_dist *d;
     tg_dist_opts o = {.bucket_bytes = bucket_bytes, .timeout_s = 30, .sum = sum};
@@ -302,7 +313,6 @@ static void test_gradients(tg_dataset *ds, bool attach, size_t bucket_bytes, boo
     free(got);
     free(want);
     tg_batches_free(part);
-    tg_batches_free(whole);
     tg_tape_free(tape);
     tg_dist_free(d);
     model_free(&m);
@@ -315,20 +325,13 @@ static void test_allreduce_grads(tg_dataset *ds)
     model_new(&m, 8);
     tg_tape *tape = tg_tape_new(NULL);
     tg_params_requires_grad(m.ps, tape);
-    tg_batches *whole = tg_batches_new(ds, BATCH, false, 0);
-    tg_scope_begin();
-    tg_tensor *x, *y;
-    tg_batches_next(whole, &x, &y);
-    tg_backward(model_loss(&m, x, y));
-    tg_scope_end();
-    tg_tape_reset(tape);
     int64_t n;
-    double *want = flat_grad(m.ps, TG_F64, &n);
-    tg_params_zero_grad(m.ps);
+    double *want = global_batch_grad(&m, tape, ds, 1, false, 0, &n);
     tg_dist *d;
     tg_dist_new(MPI_COMM_WORLD, NULL, &d);
     tg_batches *part = tg_batches_new_sharded(ds, BATCH, false, 0, rank, size);
     tg_scope_begin();
+    tg_tensor *x, *y;
     tg_batches_next(part, &x, &y);
     tg_backward(model_loss(&m, x, y));
     tg_scope_end();
@@ -345,7 +348,6 @@ static void test_allreduce_grads(tg_dataset *ds)
     free(want);
     free(got);
     tg_batches_free(part);
-    tg_batches_free(whole);
     tg_tape_free(tape);
     tg_dist_free(d);
     model_free(&m);
