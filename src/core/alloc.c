@@ -70,9 +70,7 @@ static void *cache_take(size_t n)
     void *p = NULL;
     pthread_mutex_lock(&cache.lock);
     int i = cache.n ? cache_entry(n) : -1;
-    if (i >= 0 && cache.key[i] == n && cache.head[i]) {
-        p = cache.head[i];
-        memcpy(&cache.head[i], p, sizeof(void *));
+    if (i >= 0 && cache.key[i] == n && (p = tg__stack_pop(&cache.head[i]))) {
         cache.bytes -= n;
         cache.n--;
     }
@@ -110,8 +108,7 @@ static bool cache_put(void *p, size_t n)
         }
         if (i >= 0) {
             cache.key[i] = n;
-            memcpy(p, &cache.head[i], sizeof(void *));
-            cache.head[i] = p;
+            tg__stack_push(&cache.head[i], p);
             cache.n++;
             cache.bytes += n;
             kept = true;
@@ -168,11 +165,8 @@ void tg__data_trim(void)
 {
     pthread_mutex_lock(&cache.lock);
     for (int i = 0; i < TG_CACHE_SIZES; i++) {
-        while (cache.head[i]) {
-            void *p = cache.head[i];
-            memcpy(&cache.head[i], p, sizeof(void *));
-            raw_free(p, cache.key[i]);
-        }
+        void *p;
+        while ((p = tg__stack_pop(&cache.head[i]))) raw_free(p, cache.key[i]);
     }
     cache.n = 0;
     cache.bytes = 0;

@@ -97,6 +97,20 @@ struct tg_tensor {
 TG_INTERNAL void tg__tensor_release_last(tg_tensor *t);
 /* Frees the calling thread's spare tensor headers (tg_mem_trim). */
 TG_INTERNAL void tg__headers_trim(void);
+
+/* A stack of free blocks linked through each block's first word (the
+ * freed-buffer cache, the spare headers): push and pop in O(1). */
+static inline void tg__stack_push(void **head, void *block)
+{
+    memcpy(block, head, sizeof *head);
+    *head = block;
+}
+static inline void *tg__stack_pop(void **head)
+{
+    void *block = *head;
+    if (block) memcpy(head, block, sizeof *head);
+    return block;
+}
 static inline tg_tensor *tg__retain(tg_tensor *t)
 {
     if (t) t->refcount++;

@@ -116,15 +116,12 @@ static TG_THREAD_LOCAL int cap_headers;
  * allocator (which had returned them: a page fault per dozen headers, and
  * 11x the per-op time of a short tape). It holds at most what the
  * thread's largest step had alive; tg_mem_trim returns it. */
-static TG_THREAD_LOCAL tg_tensor *spare_headers;
+static TG_THREAD_LOCAL void *spare_headers;
 
-static void spare_headers_free(void)
+void tg__headers_trim(void)
 {
-    while (spare_headers) {
-        tg_tensor *t = spare_headers;
-        memcpy(&spare_headers, t, sizeof spare_headers);
-        free(t);
-    }
+    void *t;
+    while ((t = tg__stack_pop(&spare_headers))) free(t);
 }
 
 /* What a thread holds (cached headers, the scope arrays) is freed when it
@@ -141,7 +138,7 @@ static void thread_exit(void *unused)
     (void)unused;
     tg__scope_thread_exit(); /* may cache headers: first */
     while (nfree_headers > 0) free(free_headers[--nfree_headers]);
-    spare_headers_free();
+    tg__headers_trim();
     /* A later destructor that uses the library registers the thread again
      * (POSIX then runs this one once more). */
     cap_headers = 0;
@@ -173,8 +170,7 @@ static void header_free_slow(tg_tensor *t)
         return;
     }
     if (HEADER_CACHE > 0 && cap_headers > 0) { /* the array is full */
-        memcpy(t, &spare_headers, sizeof spare_headers);
-        spare_headers = t;
+        tg__stack_push(&spare_headers, t);
         return;
     }
     free(t);
@@ -186,15 +182,8 @@ __attribute__((noinline))
 #endif
 static tg_tensor *header_alloc_slow(void)
 {
-    tg_tensor *t = spare_headers;
-    if (!t) return malloc(sizeof *t);
-    memcpy(&spare_headers, t, sizeof spare_headers);
-    return t;
-}
-
-void tg__headers_trim(void)
-{
-    spare_headers_free();
+    tg_tensor *t = tg__stack_pop(&spare_headers);
+    return t ? t : malloc(sizeof *t);
 }
 
 static void header_free(tg_tensor *t)

@@ -202,7 +202,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
         tg__sweep_drop(&s, i);
         if (notify && st == TG_OK) st = ready_fire(tape, &ready, grads, i);
     }
-    if (ready.n && st == TG_OK) st = ready_fire(tape, &ready, grads, -1);
+    if (notify && st == TG_OK) st = ready_fire(tape, &ready, grads, -1);
     free(ready.leaf);
     free(ready.first);
     tg__sweep_values_free(&s, top);
