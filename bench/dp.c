@@ -154,6 +154,15 @@ static int dp_sample(void *ctx, int v, long reps)
     return 0;
 }
 
+/* The largest |g - ref| over n values, relative to the largest |ref|. */
+static double dp_worst_diff(const float *ref, const float *g, int64_t n)
+{
+    double gmax = 0, worst = 0;
+    for (int64_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(ref[i]));
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(g[i] - ref[i]) / fmax(gmax, 1e-30));
+    return worst;
+}
+
 /* The flat gradient of one replica step of variant v (caller frees). */
 static float *dp_grad(dp_ctx *c, int v, int64_t *n)
 {
@@ -211,9 +220,7 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
             g1 = NULL;
             break;
         }
-        double gmax = 0;
-        for (int64_t i = 0; i < n; i++) gmax = fmax(gmax, fabs(g1[i]));
-        for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(g[i] - g1[i]) / fmax(gmax, 1e-30));
+        worst = fmax(worst, dp_worst_diff(g1, g, n));
         free(g);
     }
     if (!g1 || worst > 1e-4) {
@@ -441,14 +448,7 @@ static int dpm_run(bool lstm, int64_t batch, bool quick, int rank, int size)
     float *g1 = dpm_grad(&c, DPM_ALONE, &n1);
     for (int v = DPM_SYNC; v <= DPM_OVERLAP; v++) {
         float *g = dpm_grad(&c, v, &n2);
-        if (!g || !g1 || n1 != n2) {
-            worst = INFINITY;
-        } else {
-            double gmax = 0;
-            for (int64_t i = 0; i < n1; i++) gmax = fmax(gmax, fabs(g1[i]));
-            for (int64_t i = 0; i < n1; i++)
-                worst = fmax(worst, fabs(g[i] - g1[i]) / fmax(gmax, 1e-30));
-        }
+        worst = (!g || !g1 || n1 != n2) ? INFINITY : fmax(worst, dp_worst_diff(g1, g, n1));
         free(g);
     }
     free(g1);
