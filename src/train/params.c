@@ -314,29 +314,37 @@ tg_tensor *tg_params_flat_grad(tg_params *ps, tg_dtype dtype)
     return flat_view(ps, dtype, true, "params_flat_grad");
 }
 
+tg_status tg__param_grad_to_flat(tg__param *p)
+{
+    tg_tensor *v = p->value, *g = v->grad;
+    if (!g || g == p->gview) return TG_OK;
+    if (g->dtype != v->dtype || g->numel != p->numel)
+        return tg__err(TG_ERR_INTERNAL,
+                       "gradient of parameter '%s' has %s[%lld], expected "
+                       "%s[%lld]",
+                       p->name, tg_dtype_name(g->dtype), (long long)g->numel,
+                       tg_dtype_name(v->dtype), (long long)p->numel);
+    size_t nbytes = (size_t)p->numel * tg_dtype_size(v->dtype);
+    tg_status st = tg_tensor_copy_out(g, tg__tensor_ptr(p->gview), nbytes);
+    if (st) return st;
+    v->grad = tg_tensor_retain(p->gview);
+    tg_tensor_release(g);
+    return TG_OK;
+}
+
 tg_status tg_params_sync_grad(tg_params *ps)
 {
     if (!ps) return tg__err(TG_ERR_NULL, "bad argument #1 to 'params_sync_grad' (NULL)");
     for (int i = 0; i < ps->n; i++) {
         tg__param *p = &ps->p[i];
         if (p->pool >= TG__POOL_TRAINABLE) continue;
-        tg_tensor *v = p->value, *g = v->grad;
-        size_t nbytes = (size_t)p->numel * tg_dtype_size(v->dtype);
-        if (g == p->gview) continue;
-        if (!g) {
-            memset(tg__tensor_ptr(p->gview), 0, nbytes);
+        if (!p->value->grad) {
+            memset(tg__tensor_ptr(p->gview), 0,
+                   (size_t)p->numel * tg_dtype_size(p->value->dtype));
             continue;
         }
-        if (g->dtype != v->dtype || g->numel != p->numel)
-            return tg__err(TG_ERR_INTERNAL,
-                           "gradient of parameter '%s' has %s[%lld], expected "
-                           "%s[%lld]",
-                           p->name, tg_dtype_name(g->dtype), (long long)g->numel,
-                           tg_dtype_name(v->dtype), (long long)p->numel);
-        tg_status st = tg_tensor_copy_out(g, tg__tensor_ptr(p->gview), nbytes);
+        tg_status st = tg__param_grad_to_flat(p);
         if (st) return st;
-        v->grad = tg_tensor_retain(p->gview);
-        tg_tensor_release(g);
     }
     return TG_OK;
 }

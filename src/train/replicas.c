@@ -5,8 +5,9 @@
  * tape. While the worker runs the user's loss function, dispatch swaps
  * the parameter tensors for the worker's leaves (tg__replica_args), so the
  * ops record on the worker's tape and backward leaves the gradients on the
- * worker's leaves. The calling thread then adds them up, worker by worker,
- * into the parameter set's flat gradient buffer. */
+ * worker's leaves. The workers then add them up, each a share of the
+ * elements, every element in worker order, into the parameter set's flat
+ * gradient buffer (and, with an optimizer, update that share). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -481,13 +482,8 @@ static tg_status reduce_plan(tg_replicas *r, int64_t rows)
         }
         if (!g->nsrc) continue;
         tg_tensor *v = p->value;
-        if (v->grad && v->grad != p->gview) {
-            size_t nbytes = (size_t)p->numel * tg_dtype_size(v->dtype);
-            tg_status st = tg_tensor_copy_out(v->grad, tg__tensor_ptr(p->gview), nbytes);
-            if (st) return st;
-            tg_tensor_release(v->grad);
-            v->grad = tg_tensor_retain(p->gview);
-        }
+        tg_status st = tg__param_grad_to_flat(p);
+        if (st) return st;
         g->add = v->grad != NULL;
         if (!v->grad) v->grad = tg_tensor_retain(p->gview);
         g->dst = tg__tensor_ptr(p->gview);
@@ -515,12 +511,7 @@ static void finish_update(tg_replicas *r)
     for (int i = 0; done && i < ps->n; i++) {
         tg__param *p = &ps->p[i];
         if (done[i] || p->pool >= TG__POOL_TRAINABLE || !p->value->grad) continue;
-        if (p->value->grad != p->gview) {
-            size_t nbytes = (size_t)p->numel * tg_dtype_size(p->value->dtype);
-            if (tg_tensor_copy_out(p->value->grad, tg__tensor_ptr(p->gview), nbytes)) continue;
-            tg_tensor_release(p->value->grad);
-            p->value->grad = tg_tensor_retain(p->gview);
-        }
+        if (tg__param_grad_to_flat(p)) continue;
         tg__optim_param_range(opt, i, 0, p->numel);
         tg__optim_param_done(opt, i);
     }
