@@ -10,6 +10,8 @@
 #include <tapegrad.h>
 #include <unistd.h>
 
+#include "core/pool.h" /* tg__pool_jobs: that the splits happened */
+
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
 static float *run(int threads, tg_tensor *x, tg_tensor *row, tg_tensor *s, size_t *n)
@@ -37,11 +39,19 @@ Test(threads, split_kernels_match_one_thread_bitwise)
     int before = tg_num_threads();
     tg_rng rng;
     tg_rng_seed(&rng, 8);
-    tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 2, SHAPE(512, 1031), -3, 3);
+    /* 4.2 MB a tensor: split even when the pool's workers sleep (below
+     * 4 MiB only a pool already awake splits; backend/parallel.c). */
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 2, SHAPE(1024, 1031), -3, 3);
     tg_tensor *row = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(1031), -1, 1);
     tg_tensor *s = tg_scalar(TG_F32, 0.7);
     size_t n1, n2;
-    float *one = run(1, x, row, s, &n1), *two = run(2, x, row, s, &n2), *four = run(4, x, row, s, &n2);
+    float *one = run(1, x, row, s, &n1);
+    uint64_t jobs = tg__pool_jobs();
+    float *two = run(2, x, row, s, &n2);
+    cr_assert_gt(tg__pool_jobs(), jobs, "nothing was split on 2 threads");
+    jobs = tg__pool_jobs();
+    float *four = run(4, x, row, s, &n2);
+    cr_assert_gt(tg__pool_jobs(), jobs, "nothing was split on 4 threads");
     cr_assert_eq(n1, n2);
     cr_assert_eq(memcmp(one, two, 2 * n1 * sizeof(float)), 0, "2 threads differ from 1");
     cr_assert_eq(memcmp(one, four, 2 * n1 * sizeof(float)), 0, "4 threads differ from 1");
@@ -115,9 +125,10 @@ Test(threads, exiting_threads_leave_no_per_thread_memory_behind)
 /* ---- One tape per thread (docs/api.md, "Threads"): each thread owns its
  * model, optimizer, tape and data; what they share is the library's
  * process-wide state (registry, kernel tables, memory accounting, buffer
- * cache) and the elementwise pool, which the tanh of a (256, 512) f32
- * activation (512 KiB) is split across. Every thread must end with the
- * losses of the same run made alone. */
+ * cache) and the elementwise pool, which the tanh of a (256, 4096) f32
+ * activation (4 MiB) is split across, between GEMMs that OpenBLAS splits
+ * (and that park the pool's workers first). Every thread must end with
+ * the losses of the same run made alone. */
 typedef struct {
     uint64_t seed;
     int steps;
@@ -131,8 +142,8 @@ static void *train_alone(void *arg)
     tg_rng rng;
     tg_rng_seed(&rng, t->seed);
     tg_params *ps = tg_params_new();
-    tg_linear *l1 = tg_linear_new(ps, "fc1", 64, 512, true, TG_F32, &rng);
-    tg_linear *l2 = tg_linear_new(ps, "fc2", 512, 10, true, TG_F32, &rng);
+    tg_linear *l1 = tg_linear_new(ps, "fc1", 64, 4096, true, TG_F32, &rng);
+    tg_linear *l2 = tg_linear_new(ps, "fc2", 4096, 10, true, TG_F32, &rng);
     tg_optim *opt = tg_optim_new(ps, NULL);
     tg_tape *tape = tg_tape_new(NULL);
     tg_tensor *x = tg_rand_normal(&rng, TG_F32, 2, SHAPE(256, 64), 0, 1);
@@ -167,10 +178,12 @@ Test(threads, one_tape_per_thread_trains_concurrently_as_it_trains_alone)
     cr_assert_eq(tg_set_num_threads(2), TG_OK);
     enum { N = 4 };
     trainer alone[2] = {{.seed = 1, .steps = 8}, {.seed = 2, .steps = 8}}, t[N];
+    uint64_t jobs = tg__pool_jobs();
     for (int i = 0; i < 2; i++) {
         train_alone(&alone[i]);
         cr_assert_eq(alone[i].st, TG_OK, "%s", tg_last_error_message());
     }
+    cr_assert_gt(tg__pool_jobs(), jobs, "the tanh was never split");
     pthread_t th[N];
     for (int i = 0; i < N; i++) {
         t[i] = (trainer){.seed = (uint64_t)(1 + i % 2), .steps = 8};

@@ -9,16 +9,24 @@
 #include "backend/parallel.h"
 #include "core/pool.h"
 
-/* Below this many bytes per part, a split costs more than it saves: for
- * kernels that compute (exp, tanh, sigmoid, log, pow), 128 KiB; for the
- * ones that only stream memory (+, *, scalar forms, relu, most gradient
- * maps), 4 MiB. On the 2-core VM this was tuned on, a second thread made
- * 1M-float tanh 1.3-1.4x faster but 1M-float mul and add_scalar 5-10%
- * slower: one core already takes the bandwidth its cache gives, and the
- * split adds a hand-off. Above 4 MiB a part, data streams from memory,
- * where more cores usually do draw more bandwidth. */
-#define MIN_PART_BYTES ((size_t)128 << 10)
-#define MIN_STREAM_PART_BYTES ((size_t)4 << 20)
+/* Below this many bytes per part a split costs more than it saves, for
+ * every kernel alike. On the 2-core VM this was tuned on (a chain of
+ * tanh, sigmoid, products and sums, forward and backward, from 16 KiB to
+ * 16 MiB a tensor), a second thread broke even at 256 KiB and ran
+ * 0.6-0.7x of one thread's time from 512 KiB up. One size for all matters
+ * as much as the size: when tanh was split from 256 KiB but products only
+ * from 8 MiB, the product after a split tanh read half its operand from
+ * the other core's cache, and the chain at 256 KiB ran 1.4x slower on two
+ * threads. The pointwise regions of the backward (tape/region.c) split by
+ * the same measure (tg__split_parts). */
+#define MIN_PART_BYTES ((size_t)256 << 10)
+/* Unless the workers are awake (a job came in the last 100 us), a job
+ * must be this large to be split: waking a sleeping worker cost the
+ * caller ~17 us and the worker 35-75 us before it started, so a split
+ * of 2.7 MB of relu after a GEMM ran 3x slower than one thread. A run
+ * of ops from this size wakes them, and they stay awake for the smaller
+ * ops that follow. */
+#define WAKE_MIN_BYTES ((size_t)4 << 20)
 
 int tg_num_threads(void)
 {
@@ -36,12 +44,16 @@ tg_status tg_set_num_threads(int n)
     return TG_OK;
 }
 
-static int parts_for(int64_t n, size_t es, bool heavy)
+int tg__split_parts(size_t bytes)
 {
-    size_t bytes = (size_t)n * es, min = heavy ? MIN_PART_BYTES : MIN_STREAM_PART_BYTES;
-    if (bytes < 2 * min) return 1;
-    size_t p = bytes / min;
+    if (bytes < 2 * MIN_PART_BYTES || (bytes < WAKE_MIN_BYTES && !tg__pool_awake())) return 1;
+    size_t p = bytes / MIN_PART_BYTES;
     return p > TG_POOL_MAX_THREADS ? TG_POOL_MAX_THREADS : (int)p;
+}
+
+static int parts_for(int64_t n, size_t es)
+{
+    return tg__split_parts((size_t)n * es);
 }
 
 static void range(int64_t n, int part, int nparts, int64_t *lo, int64_t *len)
@@ -123,10 +135,9 @@ static void binary_part(void *ctx, int part, int nparts)
     j->bf(&sub, a, b, j->out + lo * row * j->es);
 }
 
-void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p, size_t es,
-                   bool heavy)
+void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p, size_t es)
 {
-    int parts = parts_for(n, es, heavy);
+    int parts = parts_for(n, es);
     if (parts == 1) {
         f(n, x, y, p);
         return;
@@ -136,9 +147,9 @@ void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p, s
 }
 
 void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx, double p,
-                  size_t es, bool heavy)
+                  size_t es)
 {
-    int parts = parts_for(n, es, heavy);
+    int parts = parts_for(n, es);
     if (parts == 1) {
         f(n, s, gy, gx, p);
         return;
@@ -148,9 +159,9 @@ void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *
 }
 
 void tg__run_unary2(tg_unary2_fn f, int64_t n, const void *x, void *y, double p, double q,
-                    size_t es, bool heavy)
+                    size_t es)
 {
-    int parts = parts_for(n, es, heavy);
+    int parts = parts_for(n, es);
     if (parts == 1) {
         f(n, x, y, p, q);
         return;
@@ -160,9 +171,9 @@ void tg__run_unary2(tg_unary2_fn f, int64_t n, const void *x, void *y, double p,
 }
 
 void tg__run_grad2(tg_grad2_fn f, int64_t n, const void *s, const void *gy, void *gx, double p,
-                   double q, size_t es, bool heavy)
+                   double q, size_t es)
 {
-    int parts = parts_for(n, es, heavy);
+    int parts = parts_for(n, es);
     if (parts == 1) {
         f(n, s, gy, gx, p, q);
         return;
@@ -172,9 +183,9 @@ void tg__run_grad2(tg_grad2_fn f, int64_t n, const void *s, const void *gy, void
 }
 
 void tg__run_gradgrad(tg_gradgrad_fn f, int64_t n, const void *s, const void *gy, const void *gg,
-                      void *gs, double p, size_t es, bool heavy)
+                      void *gs, double p, size_t es)
 {
-    int parts = parts_for(n, es, heavy);
+    int parts = parts_for(n, es);
     if (parts == 1) {
         f(n, s, gy, gg, gs, p);
         return;
@@ -187,7 +198,7 @@ void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const voi
                     size_t es)
 {
     bool splittable = bc->same || bc->b_scalar || bc->a_row || bc->b_row;
-    int parts = splittable ? parts_for(bc->n, es, false) : 1;
+    int parts = splittable ? parts_for(bc->n, es) : 1;
     if (parts == 1) {
         f(bc, a, b, out);
         return;

@@ -1,24 +1,27 @@
 /* Kernel calls split across the thread pool when large (parallel.c). es is
- * the element size; heavy: the kernel computes more than it streams (exp,
- * tanh, ...), so it is split from smaller sizes. Each part is the same
- * kernel on a range of elements, so results are bitwise those of one call. */
+ * the element size. Each part is the same kernel on a range of elements,
+ * so results are bitwise those of one call. */
 #ifndef TG_BACKEND_PARALLEL_H
 #define TG_BACKEND_PARALLEL_H
 
 #include "backend/kernels.h"
 
+/* How many parts a job over `bytes` of tensor data should be cut into (1:
+ * run it inline), before the pool's size caps it: the kernels below and
+ * the tape's pointwise regions decide by it. */
+TG_INTERNAL int tg__split_parts(size_t bytes);
 TG_INTERNAL void tg__run_unary(tg_unary_fn f, int64_t n, const void *x, void *y, double p,
-                               size_t es, bool heavy);
+                               size_t es);
 TG_INTERNAL void tg__run_grad(tg_grad_fn f, int64_t n, const void *s, const void *gy, void *gx,
-                              double p, size_t es, bool heavy);
+                              double p, size_t es);
 /* The same for the maps with two parameters (clamp, softplus). */
 TG_INTERNAL void tg__run_unary2(tg_unary2_fn f, int64_t n, const void *x, void *y, double p,
-                                double q, size_t es, bool heavy);
+                                double q, size_t es);
 TG_INTERNAL void tg__run_grad2(tg_grad2_fn f, int64_t n, const void *s, const void *gy, void *gx,
-                               double p, double q, size_t es, bool heavy);
+                               double p, double q, size_t es);
 /* gs = gg * gy * f''(s), all contiguous, of one dtype and length n. */
 TG_INTERNAL void tg__run_gradgrad(tg_gradgrad_fn f, int64_t n, const void *s, const void *gy,
-                                  const void *gg, void *gs, double p, size_t es, bool heavy);
+                                  const void *gg, void *gs, double p, size_t es);
 TG_INTERNAL void tg__run_binary(tg_binary_fn f, const tg_bcast *bc, const void *a, const void *b,
                                 void *out, size_t es);
 /* Fills the kernel description for out = a op b, out of spec out (the

@@ -190,6 +190,7 @@ void tg_mem_trim(void)
 {
     tg__data_trim();
     tg__headers_trim();
+    tg__region_trim();
 }
 
 size_t tg_mem_current_bytes(void)

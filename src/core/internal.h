@@ -270,6 +270,9 @@ TG_INTERNAL void tg__scope_thread_exit(void);
 /* Arranges for the calling thread's caches and scope arrays to be freed
  * when it exits; false if that cannot be arranged (then cache nothing). */
 TG_INTERNAL bool tg__thread_register(void);
+/* Frees the calling thread's spare pointwise-region buffers
+ * (src/tape/region.c): at thread exit and in tg_mem_trim. */
+TG_INTERNAL void tg__region_trim(void);
 
 /* ---- dispatch hooks the tape uses without including dispatch
  * (src/dispatch/registry.c) */

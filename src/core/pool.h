@@ -16,6 +16,16 @@
  * fewer if a worker cannot be started): f gets the count that runs. One
  * job at a time; f must not start another. */
 TG_INTERNAL void tg__pool_run(void (*f)(void *ctx, int part, int nparts), void *ctx, int nparts);
+/* Tells the workers to stop spinning for the next job and sleep: called
+ * before a BLAS call that runs on several threads, which need the cores.
+ * Cheap when they already sleep (one relaxed load). */
+TG_INTERNAL void tg__pool_park(void);
+/* Whether the workers are awake (working or spinning for the next job),
+ * so that a job handed to them starts at once; asleep, one costs a
+ * wake-up (tens of microseconds on a VM). A hint: it can change at once. */
+TG_INTERNAL bool tg__pool_awake(void);
+/* How many jobs were split across workers since start-up (tests). */
+TG_INTERNAL uint64_t tg__pool_jobs(void);
 /* Threads a job may use, the caller included (1 until a size is set). */
 TG_INTERNAL int tg__pool_size(void);
 /* Sets the size (1..TG_POOL_MAX_THREADS, not checked here). */

@@ -139,6 +139,7 @@ static void thread_exit(void *unused)
     tg__scope_thread_exit(); /* may cache headers: first */
     while (nfree_headers > 0) free(free_headers[--nfree_headers]);
     tg__headers_trim();
+    tg__region_trim();
     /* A later destructor that uses the library registers the thread again
      * (POSIX then runs this one once more). */
     cap_headers = 0;

@@ -31,7 +31,6 @@ typedef struct unary_def {
     tg_kernel_id kid, gkid; /* the map's kernel, its fused gradient kernel */
     tg_kernel_id ggkid;     /* gy * f''(s) times gg in one pass (0: none, f2 only) */
     bool two;               /* a second parameter q (tg_unary2_fn, tg_grad2_fn) */
-    bool heavy, gheavy;     /* the kernel / gradient kernel computes more than it streams */
     bool from_output;       /* the gradient kernel reads y (else x) */
     second_fn f2;
     /* gradcheck cases: shapes (7), (3,4), (2,3,2) and a scalar, entries in
@@ -53,10 +52,10 @@ static TG_ALWAYS_INLINE void run_map(const unary_def *d, const tg_tensor *x, tg_
     size_t es = tg__esize(x->dtype);
     if (d->two)
         tg__run_unary2(TG_KERNEL(tg_unary2_fn, d->kid, x), x->numel, tg__tensor_ptr(x),
-                       tg__tensor_ptr(y), a->scalar, tg__attrs_get_f64(a, 0), es, d->heavy);
+                       tg__tensor_ptr(y), a->scalar, tg__attrs_get_f64(a, 0), es);
     else
         tg__run_unary(TG_KERNEL(tg_unary_fn, d->kid, x), x->numel, tg__tensor_ptr(x),
-                      tg__tensor_ptr(y), a->scalar, es, d->heavy);
+                      tg__tensor_ptr(y), a->scalar, es);
 }
 
 /* gx = gy * f'(s), all three contiguous, of one dtype and shape. */
@@ -67,10 +66,10 @@ static TG_ALWAYS_INLINE void run_grad(const unary_def *d, const tg_tensor *s, co
     if (d->two)
         tg__run_grad2(TG_KERNEL(tg_grad2_fn, d->gkid, s), s->numel, tg__tensor_ptr(s),
                       tg__tensor_ptr(gy), tg__tensor_ptr(gx), a->scalar, tg__attrs_get_f64(a, 0),
-                      es, d->gheavy);
+                      es);
     else
         tg__run_grad(TG_KERNEL(tg_grad_fn, d->gkid, s), s->numel, tg__tensor_ptr(s),
-                     tg__tensor_ptr(gy), tg__tensor_ptr(gx), a->scalar, es, d->gheavy);
+                     tg__tensor_ptr(gy), tg__tensor_ptr(gx), a->scalar, es);
 }
 
 static tg_tensor *map_fwd(tg_op_ctx *ctx, tg_tensor *const *in, const unary_def *d)
@@ -151,7 +150,7 @@ static tg_status grad_bwd(tg_op_ctx *ctx, tg_tensor *gg, tg_tensor **gin, const 
         if (!gin[0]) return tg_last_error();
         tg__run_gradgrad(TG_KERNEL(tg_gradgrad_fn, d->ggkid, s), s->numel, tg__tensor_ptr(s),
                          tg__tensor_ptr(gy), tg__tensor_ptr(gg), tg__tensor_ptr(gin[0]),
-                         ctx->attrs->scalar, tg__esize(s->dtype), d->gheavy);
+                         ctx->attrs->scalar, tg__esize(s->dtype));
         gin[0] = tg__scope_track(gin[0]);
     } else if (tg_op_ctx_needs_grad(ctx, 0)) {
         gin[0] = d->f2 ? tg_mul(tg_mul(gg, gy), d->f2(s, ctx->attrs))
@@ -325,22 +324,22 @@ static tg_tensor *cos_f2(tg_tensor *x, const tg_op_attrs *a)
 
 UNARY_MAP(exp, exp, TG_SAVE_OUTPUT,
           "y = e^x", "gx = gy * y (y = e^x)", .kid = TG_K_EXP,
-          .gkid = TG_K_EXP_GRAD, .ggkid = TG_K_EXP_GG, .heavy = true, .from_output = true, .f2 = exp_f2, .lo = -2.0,
+          .gkid = TG_K_EXP_GRAD, .ggkid = TG_K_EXP_GG, .from_output = true, .f2 = exp_f2, .lo = -2.0,
           .hi = 2.0, .s_lo = 0.1, .s_hi = 3.0)
 UNARY_MAP(log, log, TG_SAVE_INPUT(0),
           "y = ln x", "gx = gy / x", .kid = TG_K_LOG, .gkid = TG_K_LOG_GRAD, .ggkid = TG_K_LOG_GG,
-          .heavy = true, .f2 = log_f2, .lo = 0.2, .hi = 3.0)
+          .f2 = log_f2, .lo = 0.2, .hi = 3.0)
 UNARY_MAP(sqrt, sqrt, TG_SAVE_OUTPUT,
           "y = sqrt x", "gx = gy / (2 y)", .kid = TG_K_SQRT,
           .gkid = TG_K_SQRT_GRAD, .ggkid = TG_K_SQRT_GG, .from_output = true, .f2 = sqrt_f2, .lo = 0.2, .hi = 3.0,
           .s_lo = 0.2, .s_hi = 3.0)
 UNARY_MAP(tanh, tanh, TG_SAVE_OUTPUT,
           "y = tanh x", "gx = gy * (1 - y^2)", .kid = TG_K_TANH,
-          .gkid = TG_K_TANH_GRAD, .ggkid = TG_K_TANH_GG, .heavy = true, .from_output = true, .f2 = tanh_f2, .lo = -2.0,
+          .gkid = TG_K_TANH_GRAD, .ggkid = TG_K_TANH_GG, .from_output = true, .f2 = tanh_f2, .lo = -2.0,
           .hi = 2.0, .s_lo = -0.95, .s_hi = 0.95)
 UNARY_MAP(sigmoid, sigmoid, TG_SAVE_OUTPUT,
           "y = 1 / (1 + e^-x)", "gx = gy * y * (1 - y)",
-          .kid = TG_K_SIGMOID, .gkid = TG_K_SIGMOID_GRAD, .ggkid = TG_K_SIGMOID_GG, .heavy = true, .from_output = true,
+          .kid = TG_K_SIGMOID, .gkid = TG_K_SIGMOID_GRAD, .ggkid = TG_K_SIGMOID_GG, .from_output = true,
           .f2 = sigmoid_f2, .lo = -3.0, .hi = 3.0, .s_lo = 0.05, .s_hi = 0.95)
 UNARY_MAP(relu, relu, TG_SAVE_INPUT(0),
           "y = max(0, x)", "gx = gy * [x > 0]", .kid = TG_K_RELU,
@@ -348,19 +347,17 @@ UNARY_MAP(relu, relu, TG_SAVE_INPUT(0),
 /* pow: bases sampled positive so any p works. */
 UNARY_MAP(pow, pow_scalar, TG_SAVE_INPUT(0),
           "y = x^p", "gx = gy * p * x^(p-1)", .kid = TG_K_POW,
-          .gkid = TG_K_POW_GRAD, .ggkid = TG_K_POW_GG, .heavy = true, .gheavy = true, .f2 = pow_f2, .lo = 0.3,
+          .gkid = TG_K_POW_GRAD, .ggkid = TG_K_POW_GG, .f2 = pow_f2, .lo = 0.3,
           .hi = 2.0, .nparams = 1, .p = {2.0, 3.0, -1.5, 0.5})
 UNARY_MAP(abs, abs, TG_SAVE_INPUT(0),
           "y = |x|", "gx = gy * sign(x)", .kid = TG_K_ABS, .gkid = TG_K_ABS_GRAD,
           .lo = -2.0, .hi = 2.0, .nkinks = 1)
 UNARY_MAP(gelu, gelu, TG_SAVE_INPUT(0),
           "y = x * Phi(x) = x/2 (1 + erf(x/sqrt 2))", "gx = gy * (Phi(x) + x phi(x))",
-          .kid = TG_K_GELU, .gkid = TG_K_GELU_GRAD, .heavy = true, .gheavy = true,
-          .f2 = gelu_f2, .lo = -3.0, .hi = 3.0)
+          .kid = TG_K_GELU, .gkid = TG_K_GELU_GRAD, .f2 = gelu_f2, .lo = -3.0, .hi = 3.0)
 UNARY_MAP(silu, silu, TG_SAVE_INPUT(0),
           "y = x * sigmoid(x)", "gx = gy * s (1 + x (1 - s)), s = sigmoid(x)",
-          .kid = TG_K_SILU, .gkid = TG_K_SILU_GRAD, .heavy = true, .gheavy = true,
-          .f2 = silu_f2, .lo = -4.0, .hi = 4.0)
+          .kid = TG_K_SILU, .gkid = TG_K_SILU_GRAD, .f2 = silu_f2, .lo = -4.0, .hi = 4.0)
 UNARY_MAP(leaky_relu, leaky_relu, TG_SAVE_INPUT(0),
           "y = x > 0 ? x : slope * x", "gx = gy * (x > 0 ? 1 : slope)",
           .kid = TG_K_LEAKY_RELU, .gkid = TG_K_LEAKY_RELU_GRAD, .lo = -2.0, .hi = 2.0,
@@ -373,15 +370,12 @@ UNARY_MAP(clamp, clamp, TG_SAVE_INPUT(0),
 UNARY_MAP(softplus, softplus, TG_SAVE_INPUT(0),
           "y = log(1 + e^(beta x)) / beta; x where beta x > threshold",
           "gx = gy * sigmoid(beta x); gy past the threshold", .kid = TG_K_SOFTPLUS,
-          .gkid = TG_K_SOFTPLUS_GRAD, .two = true, .heavy = true, .gheavy = true,
-          .f2 = softplus_f2, .lo = -3.0, .hi = 3.0, .nkinks = 1, .kinks = {{20.0}, {0.5}},
+          .gkid = TG_K_SOFTPLUS_GRAD, .two = true, .f2 = softplus_f2, .lo = -3.0, .hi = 3.0, .nkinks = 1, .kinks = {{20.0}, {0.5}},
           .nparams = 1, .p = {1.0, 2.0, 1.0, 2.0}, .q = {20.0, 1.0, 20.0, 1.0})
 UNARY_MAP(sin, sin, TG_SAVE_INPUT(0),
-          "y = sin x", "gx = gy * cos x", .kid = TG_K_SIN, .gkid = TG_K_SIN_GRAD, .heavy = true,
-          .gheavy = true, .f2 = sin_f2, .lo = -3.0, .hi = 3.0)
+          "y = sin x", "gx = gy * cos x", .kid = TG_K_SIN, .gkid = TG_K_SIN_GRAD, .f2 = sin_f2, .lo = -3.0, .hi = 3.0)
 UNARY_MAP(cos, cos, TG_SAVE_INPUT(0),
-          "y = cos x", "gx = -gy * sin x", .kid = TG_K_COS, .gkid = TG_K_COS_GRAD, .heavy = true,
-          .gheavy = true, .f2 = cos_f2, .lo = -3.0, .hi = 3.0)
+          "y = cos x", "gx = -gy * sin x", .kid = TG_K_COS, .gkid = TG_K_COS_GRAD, .f2 = cos_f2, .lo = -3.0, .hi = 3.0)
 
 /* ---- linear maps: no fused op, the backward is the map again */
 static const unary_def linear_cases = {

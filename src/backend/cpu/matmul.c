@@ -1,25 +1,77 @@
 /* cpu backend: GEMM through OpenBLAS. Transposed operands are passed as
- * CblasTrans with their stored leading dimension: nothing is copied. */
+ * CblasTrans with their stored leading dimension: nothing is copied.
+ *
+ * OpenBLAS splits a GEMM across its threads from m*n*k > 262144 on; on the
+ * 2-core machine this was tuned on, a second thread made the GEMMs of the
+ * rnn workload (32x128x128) and the thin ones of conv's linear layer
+ * (64x10x10816: a side of 10) 1.2-2.3x slower, and helped from about
+ * m*n*k = 2M with m, n and k at least 32 (0.52-0.86x; 128x128x128 broke
+ * even). With k = 10 (64x10816x10) the split alone was 0.82x, but the
+ * conv step around it ran 1.2x slower on two threads than on one. So a GEMM below that runs on one thread whatever the
+ * count (the count is read per call, so a count set through OpenBLAS
+ * itself is followed, and put back after). Its bits are then those of one
+ * thread at any count (OpenBLAS's threaded path can differ in the last
+ * bit: the rnn gradient did). A GEMM that will be split first parks the
+ * elementwise pool's spinning workers (core/pool.c). */
 #include <cblas.h>
 
 #include "backend/kernels.h"
+#include "core/pool.h"
+
+#define GEMM_SPLIT_MNK ((double)(1 << 21))
+#define GEMM_SPLIT_SIDE 32
+
+static int gemm_single_begin(int64_t m, int64_t n, int64_t k)
+{
+#if TG_HAVE_OPENBLAS_THREADS
+    if ((double)m * (double)n * (double)k >= GEMM_SPLIT_MNK && m >= GEMM_SPLIT_SIDE &&
+        n >= GEMM_SPLIT_SIDE && k >= GEMM_SPLIT_SIDE) {
+        tg__pool_park(); /* OpenBLAS's threads need the cores the pool spins on */
+        return 0;
+    }
+    /* OpenBLAS 0.3 runs these on one thread by itself (m*n*k <= 65536 *
+     * GEMM_MULTITHREAD_THRESHOLD, 4 in Debian's build): no switch needed,
+     * and a tiny GEMM (the tiny workload's take ~0.3 us) would feel its cost. */
+    if ((double)m * (double)n * (double)k <= 262144.0) return 0;
+    int threads = openblas_get_num_threads();
+    if (threads <= 1) return 0;
+    openblas_set_num_threads(1);
+    return threads;
+#else
+    (void)m, (void)n, (void)k;
+    return 0;
+#endif
+}
+
+static void gemm_single_end(int threads)
+{
+#if TG_HAVE_OPENBLAS_THREADS
+    if (threads) openblas_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+}
 
 static void gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
 {
     if (m == 0 || n == 0) return;
+    int threads = gemm_single_begin(m, n, k);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)(lda ? lda : 1), b,
                 (blasint)(ldb ? ldb : 1), (float)beta, c, (blasint)(ldc ? ldc : 1));
+    gemm_single_end(threads);
 }
 
 static void gemm_f64(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
 {
     if (m == 0 || n == 0) return;
+    int threads = gemm_single_begin(m, n, k);
     cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (blasint)m, (blasint)n, (blasint)k, 1.0, a, (blasint)(lda ? lda : 1), b,
                 (blasint)(ldb ? ldb : 1), beta, c, (blasint)(ldc ? ldc : 1));
+    gemm_single_end(threads);
 }
 
 int tg__blas_threads(void)
