@@ -51,9 +51,11 @@ int tg__split_parts(size_t bytes)
     return p > TG_POOL_MAX_THREADS ? TG_POOL_MAX_THREADS : (int)p;
 }
 
-static int parts_for(int64_t n, size_t es)
+/* The common case, a small call, decided here without a call. */
+static inline int parts_for(int64_t n, size_t es)
 {
-    return tg__split_parts((size_t)n * es);
+    size_t bytes = (size_t)n * es;
+    return bytes < 2 * MIN_PART_BYTES ? 1 : tg__split_parts(bytes);
 }
 
 static void range(int64_t n, int part, int nparts, int64_t *lo, int64_t *len)

@@ -20,8 +20,24 @@
 
 #define GEMM_SPLIT_MNK ((double)(1 << 21))
 #define GEMM_SPLIT_SIDE 32
+/* OpenBLAS 0.3 runs these on one thread by itself (m*n*k <= 65536 *
+ * GEMM_MULTITHREAD_THRESHOLD, 4 in Debian's build): nothing to choose,
+ * and the tiny workload's GEMMs (~0.3 us) would feel the choosing. */
+#define GEMM_OWN_SINGLE_MNK 262144u
 
-static int gemm_single_begin(int64_t m, int64_t n, int64_t k)
+/* m*n*k <= GEMM_OWN_SINGLE_MNK in integers: m*n cannot overflow (each
+ * below 2^31, as blasint takes them), and when it is at most 2^18 neither
+ * can its product with k. */
+static inline bool gemm_small(int64_t m, int64_t n, int64_t k)
+{
+    uint64_t mn = (uint64_t)m * (uint64_t)n;
+    return mn <= GEMM_OWN_SINGLE_MNK && mn * (uint64_t)k <= GEMM_OWN_SINGLE_MNK;
+}
+
+/* For a GEMM that is not small: 0 if it may use OpenBLAS's threads (the
+ * pool's workers parked first), else the thread count to put back after
+ * it ran on one. */
+static int gemm_threads_begin(int64_t m, int64_t n, int64_t k)
 {
 #if TG_HAVE_OPENBLAS_THREADS
     if ((double)m * (double)n * (double)k >= GEMM_SPLIT_MNK && m >= GEMM_SPLIT_SIDE &&
@@ -29,10 +45,6 @@ static int gemm_single_begin(int64_t m, int64_t n, int64_t k)
         tg__pool_park(); /* OpenBLAS's threads need the cores the pool spins on */
         return 0;
     }
-    /* OpenBLAS 0.3 runs these on one thread by itself (m*n*k <= 65536 *
-     * GEMM_MULTITHREAD_THRESHOLD, 4 in Debian's build): no switch needed,
-     * and a tiny GEMM (the tiny workload's take ~0.3 us) would feel its cost. */
-    if ((double)m * (double)n * (double)k <= 262144.0) return 0;
     int threads = openblas_get_num_threads();
     if (threads <= 1) return 0;
     openblas_set_num_threads(1);
@@ -43,7 +55,7 @@ static int gemm_single_begin(int64_t m, int64_t n, int64_t k)
 #endif
 }
 
-static void gemm_single_end(int threads)
+static void gemm_threads_end(int threads)
 {
 #if TG_HAVE_OPENBLAS_THREADS
     if (threads) openblas_set_num_threads(threads);
@@ -52,26 +64,56 @@ static void gemm_single_end(int threads)
 #endif
 }
 
+static void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                  const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)(lda ? lda : 1), b,
+                (blasint)(ldb ? ldb : 1), (float)beta, c, (blasint)(ldc ? ldc : 1));
+}
+
+static void dgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
+                  const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
+{
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)k, 1.0, a, (blasint)(lda ? lda : 1), b,
+                (blasint)(ldb ? ldb : 1), beta, c, (blasint)(ldc ? ldc : 1));
+}
+
+/* A GEMM that is not small, with its thread choice: out of line, so that
+ * the small ones' path stays a plain call. */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static void gemm_chosen(tg_gemm_fn f, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                        const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+                        void *c, int64_t ldc)
+{
+    int threads = gemm_threads_begin(m, n, k);
+    f(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+    gemm_threads_end(threads);
+}
+
 static void gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
 {
     if (m == 0 || n == 0) return;
-    int threads = gemm_single_begin(m, n, k);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, 1.0f, a, (blasint)(lda ? lda : 1), b,
-                (blasint)(ldb ? ldb : 1), (float)beta, c, (blasint)(ldc ? ldc : 1));
-    gemm_single_end(threads);
+    if (!gemm_small(m, n, k)) {
+        gemm_chosen(sgemm, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 static void gemm_f64(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
                      const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
 {
     if (m == 0 || n == 0) return;
-    int threads = gemm_single_begin(m, n, k);
-    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (blasint)m, (blasint)n, (blasint)k, 1.0, a, (blasint)(lda ? lda : 1), b,
-                (blasint)(ldb ? ldb : 1), beta, c, (blasint)(ldc ? ldc : 1));
-    gemm_single_end(threads);
+    if (!gemm_small(m, n, k)) {
+        gemm_chosen(dgemm, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    dgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
 }
 
 int tg__blas_threads(void)
