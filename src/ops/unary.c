@@ -189,7 +189,7 @@ static int grad_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a, const
         unary_def out = *d;
         out.lo = d->s_lo;
         out.hi = d->s_hi;
-        out.away = false;
+        out.away = d->away; /* relu: s of either sign, away from its kink at 0 */
         out.nkinks = 0;
         n = map_sample(k + 1, rng, in, a, &out);
     } else {
@@ -341,9 +341,13 @@ UNARY_MAP(sigmoid, sigmoid, TG_SAVE_OUTPUT,
           "y = 1 / (1 + e^-x)", "gx = gy * y * (1 - y)",
           .kid = TG_K_SIGMOID, .gkid = TG_K_SIGMOID_GRAD, .ggkid = TG_K_SIGMOID_GG, .from_output = true,
           .f2 = sigmoid_f2, .lo = -3.0, .hi = 3.0, .s_lo = 0.05, .s_hi = 0.95)
-UNARY_MAP(relu, relu, TG_SAVE_INPUT(0),
-          "y = max(0, x)", "gx = gy * [x > 0]", .kid = TG_K_RELU,
-          .gkid = TG_K_RELU_GRAD, .lo = 0.05, .hi = 2.0, .away = true)
+/* relu saves its output (y > 0 exactly when x > 0, so the same bits):
+ * the input, a linear layer's output in most models, then need not outlive
+ * the forward, and a layer costs one saved activation, not two. */
+UNARY_MAP(relu, relu, TG_SAVE_OUTPUT,
+          "y = max(0, x)", "gx = gy * [y > 0]", .kid = TG_K_RELU,
+          .gkid = TG_K_RELU_GRAD, .from_output = true, .lo = 0.05, .hi = 2.0, .away = true,
+          .s_lo = 0.05, .s_hi = 2.0)
 /* pow: bases sampled positive so any p works. */
 UNARY_MAP(pow, pow_scalar, TG_SAVE_INPUT(0),
           "y = x^p", "gx = gy * p * x^(p-1)", .kid = TG_K_POW,

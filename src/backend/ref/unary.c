@@ -85,7 +85,7 @@
     DEF_GRAD(sqrt_grad_##SFX, T, g * (T)0.5 / v)   /* s = y */                     \
     DEF_GRAD(tanh_grad_##SFX, T, g * ((T)1 - v * v)) /* s = y */                   \
     DEF_GRAD(sigmoid_grad_##SFX, T, g * v * ((T)1 - v)) /* s = y */                \
-    DEF_GRAD(relu_grad_##SFX, T, v <= 0 ? (T)0 : g) /* s = x */                     \
+    DEF_GRAD(relu_grad_##SFX, T, v <= 0 ? (T)0 : g) /* s = y */                     \
     DEF_GRAD(pow_grad_##SFX, T, g * (T)p * POWF(v, (T)p - (T)1)) /* s = x */      \
     DEF_GG(exp_gg_##SFX, T, g)                           /* f' = y */              \
     DEF_GG(log_gg_##SFX, T, -g / (v * v))                /* f' = 1/x */            \
