@@ -88,19 +88,12 @@ void bench_print_env(FILE *f, const bench_env *env);
 /* JSON helpers: a quoted, escaped string (NULL writes null). */
 void bench_json_str(FILE *f, const char *s);
 
-/* A forward run stage by stage with each stage in its own scope, so that
- * its intermediates die at its end: the caller owns the returned output,
- * and each stage's input is released once used unless it is x (the
- * workload's). With segments, tg_checkpoint_sequential over the n stages
- * (sqrt(n) groups). l must outlive the tape's backward (a checkpointed
- * stage is re-run through it), so it lives in the workload's state. */
-typedef struct bench_lean {
-    tg_segment_fn fn;
-    void *ud;
-    tg_tensor *x;
-} bench_lean;
-tg_tensor *bench_lean_stages(bench_lean *l, tg_tape *tape, bool segments, int n, tg_segment_fn fn,
-                             void *ud, tg_tensor *x);
+/* A forward run stage by stage, lean: tg_checkpoint_sequential over the n
+ * stages, which runs each stage in a scope of its own so that its
+ * intermediates die at its end (sqrt(n) segments with segments, else none).
+ * The caller owns the returned output. */
+tg_tensor *bench_lean_stages(tg_tape *tape, bool segments, int n, tg_segment_fn fn, void *ud,
+                             tg_tensor *x);
 
 /* ---- core.c: the two core figures of the first benchmark issue, on the
  * chain and mlp workloads. */

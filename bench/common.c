@@ -126,28 +126,10 @@ void *bench_setup_failed(char *err, size_t errlen, const char *what)
 
 /* ---- lean stages */
 
-/* A stage in its own scope: its intermediates die at its end, the caller
- * owns its output, and its input dies here unless it is the workload's
- * (a stage's input is the previous stage's output, owned by us). */
-static tg_tensor *lean_stage(void *ud, int i, tg_tensor *h)
+tg_tensor *bench_lean_stages(tg_tape *tape, bool segments, int n, tg_segment_fn fn, void *ud,
+                             tg_tensor *x)
 {
-    bench_lean *l = ud;
-    tg_scope_begin();
-    tg_tensor *out = tg_scope_keep(l->fn(l->ud, i, h));
-    tg_scope_end();
-    if (h != l->x) tg_tensor_release(h);
-    return out;
-}
-
-tg_tensor *bench_lean_stages(bench_lean *l, tg_tape *tape, bool segments, int n, tg_segment_fn fn,
-                             void *ud, tg_tensor *x)
-{
-    *l = (bench_lean){.fn = fn, .ud = ud, .x = x};
-    if (segments) return tg_checkpoint_sequential(tape, n, 0, lean_stage, l, x);
-    tg_tensor *h = x;
-    for (int i = 0; i < n && h; i++)
-        h = lean_stage(l, i, h);
-    return h;
+    return tg_scope_keep(tg_checkpoint_sequential(tape, n, segments ? 0 : 1, fn, ud, x));
 }
 
 /* ---- environment */

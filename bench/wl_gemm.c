@@ -25,7 +25,6 @@ typedef struct {
     int64_t *labels;
     /* Raw buffers for the reference and the cblas GEMMs. */
     float *X, *W[MAX_LAYERS], *Z[MAX_LAYERS], *dZ[MAX_LAYERS], *dH[MAX_LAYERS], *dW[MAX_LAYERS];
-    bench_lean lean;
 } stack_st;
 
 static bool stack_relu(const stack_st *s, int l)
@@ -134,7 +133,7 @@ static tg_tensor *stack_forward(void *p, tg_tape *tape, bool segments)
 static tg_tensor *stack_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
 {
     stack_st *s = p;
-    tg_tensor *h = bench_lean_stages(&s->lean, tape, segments, s->nl, stack_layer, s, s->x);
+    tg_tensor *h = bench_lean_stages(tape, segments, s->nl, stack_layer, s, s->x);
     *owned = h;
     return s->ce ? tg_cross_entropy(h, s->y) : tg_mean(h);
 }

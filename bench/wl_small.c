@@ -574,7 +574,6 @@ typedef struct {
     tg_lstm_cell *cell;
     tg_tensor *xs[LSTM_T]; /* (B, I) */
     tg_tensor *hc0;        /* (B, 2H) zeros */
-    bench_lean lean;
 } lstm_st;
 
 static void lstm_teardown(void *p)
@@ -637,7 +636,7 @@ static tg_tensor *lstm_forward(void *p, tg_tape *tape, bool segments)
 static tg_tensor *lstm_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
 {
     lstm_st *s = p;
-    tg_tensor *hc = bench_lean_stages(&s->lean, tape, segments, LSTM_T, lstm_step, s, s->hc0);
+    tg_tensor *hc = bench_lean_stages(tape, segments, LSTM_T, lstm_step, s, s->hc0);
     *owned = hc;
     return tg_mean(tg_mul(hc, hc));
 }

@@ -71,7 +71,11 @@ tg_status tg_checkpoint_begin(tg_tape *tape);
 tg_status tg_checkpoint_end(tg_tape *tape);
 
 /* One stage of a model: layer index and input -> output (new reference or
- * scope-owned), built with tg_* ops. */
+ * scope-owned), built with tg_* ops. tg_checkpoint and
+ * tg_checkpoint_sequential run each stage inside a scope of their own:
+ * what the stage makes and does not return is released when it returns
+ * (the tape keeps what its policy saves; keep anything else with
+ * tg_tensor_retain), and a stage must not release its input. */
 typedef tg_tensor *(*tg_segment_fn)(void *userdata, int layer, tg_tensor *x);
 /* fn(userdata, 0, x) as one segment. */
 tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_tensor *x);
@@ -82,10 +86,11 @@ tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_ten
  * outside any segment: it would be recomputed right after its forward, so
  * it keeps what the tape's policy keeps (16 stages: segments 5, 4, 4, tail
  * 3). k <= 1: no segment. The tape keeps the first group's input (if not a
- * leaf), the boundaries between segments and the tail's saves. Returns the
- * last stage's output. Intermediate outputs are the stages' own
- * (scope-owned inside a scope, else the caller must keep their release in
- * fn). */
+ * leaf), the boundaries between segments and the tail's saves. Each
+ * stage's output is released once the next stage has run (the forward
+ * holds one at a time, beside what the tape keeps), so the process's peak
+ * follows the policy. Returns the last stage's output (scope-owned inside
+ * a scope, else a new reference); x itself when nlayers is 0. */
 tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,
                                     void *userdata, tg_tensor *x);
 /* Forwards re-run by backward since the last reset (each recomputed value

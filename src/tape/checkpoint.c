@@ -332,6 +332,38 @@ tg_status tg_checkpoint_end(tg_tape *tape)
     return TG_OK;
 }
 
+/* Runs one stage, fn(userdata, layer, h), in a scope of its own: what the
+ * stage makes and does not return is released when it returns (the tape
+ * keeps what its policy saves), so the forward holds the stages' outputs
+ * only, one at a time, as a lean forward written by hand does. Returns a
+ * reference the caller owns (NULL on failure, the error recorded):
+ *   - the output, moved out of the stage's scope if it is in it;
+ *   - a new reference the stage returned (its contract's other case);
+ *   - or, for a tensor the stage did not make (its input h, or one an outer
+ *     scope owns), a new reference taken here. */
+static tg_tensor *stage_run(tg_segment_fn fn, void *userdata, int layer, tg_tensor *h)
+{
+    tg_scope_begin();
+    tg_tensor *y = fn(userdata, layer, h);
+    if (y) {
+        tg_scope_keep(y);
+        /* Still scope-owned: an outer scope's. h is borrowed too (ours, or
+         * the caller's input). */
+        if (y->scope_owned || y == h) tg_tensor_retain(y);
+    }
+    tg_scope_end();
+    if (!y && tg_last_error() == TG_OK)
+        tg__err(TG_ERR_INTERNAL, "stage %d of a checkpointed model returned NULL", layer);
+    return y;
+}
+
+/* The stages' last output: into the caller's scope if one is open (as an
+ * op's result), else the new reference the caller owns. */
+static tg_tensor *stage_result(tg_tensor *y)
+{
+    return tg_scope_depth() > 0 ? tg__scope_track(y) : y;
+}
+
 tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_tensor *x)
 {
     if (!fn) {
@@ -343,9 +375,9 @@ tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_ten
         return NULL;
     }
     if (tg_checkpoint_begin(tape)) return NULL;
-    tg_tensor *y = fn(userdata, 0, x);
+    tg_tensor *y = stage_run(fn, userdata, 0, x);
     tg_checkpoint_end(tape);
-    return y;
+    return stage_result(y);
 }
 
 /* How tg_checkpoint_sequential groups n stages into k groups (nsegments,
@@ -389,16 +421,27 @@ tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, t
         tail = per > 1 ? per - 1 : 1;
     }
     int body = nlayers - tail; /* >= nseg: every segment gets a stage */
+    if (nlayers == 0) return x;
+    /* h: the current stage's input; from stage 1 on a reference owned here
+     * (stage 0's is the caller's x, borrowed). */
     tg_tensor *h = x;
+    bool owned = false;
     int l = 0;
-    for (int g = 0; g < nseg && h; g++) {
-        int end = l + body / nseg + (g < body % nseg);
-        if (tg_checkpoint_begin(tape)) return NULL;
-        for (; l < end && h; l++) h = fn(userdata, l, h);
-        tg_checkpoint_end(tape);
+    for (int g = 0; g <= nseg && h; g++) {
+        int end = g < nseg ? l + body / nseg + (g < body % nseg) : nlayers; /* last: the tail */
+        if (g < nseg && tg_checkpoint_begin(tape)) {
+            if (owned) tg_tensor_release(h);
+            return NULL;
+        }
+        for (; l < end && h; l++) {
+            tg_tensor *y = stage_run(fn, userdata, l, h);
+            if (owned) tg_tensor_release(h);
+            h = y;
+            owned = true;
+        }
+        if (g < nseg) tg_checkpoint_end(tape);
     }
-    for (; l < nlayers && h; l++) h = fn(userdata, l, h); /* the tail */
-    return h;
+    return h ? stage_result(h) : NULL;
 }
 
 int64_t tg_tape_recompute_count(const tg_tape *tape)
