@@ -21,6 +21,7 @@ typedef struct {
     bool ce;         /* cross-entropy on labels; else mean of the output */
     tg_params *ps;
     tg_linear *l[MAX_LAYERS];
+    tg_sequential *seq; /* the layers and their ReLUs, in order */
     tg_tensor *x, *y; /* (B, dims[0]) f32, (B) i64 labels when ce */
     int64_t *labels;
     /* Raw buffers for the reference and the cblas GEMMs. */
@@ -36,6 +37,7 @@ static void stack_teardown(void *p)
 {
     stack_st *s = p;
     if (!s) return;
+    tg_sequential_free(s->seq);
     for (int l = 0; l < s->nl; l++) {
         tg_linear_free(s->l[l]);
         free(s->W[l]);
@@ -77,6 +79,10 @@ static void *stack_setup(int nl, const int *dims, int batch, bool ce, bool kaimi
                                          tg_init_gain(TG_NONLIN_RELU, 0)) &&
                  !tg_init_zeros(tg_linear_bias(s->l[l]));
     }
+    ok = ok && (s->seq = tg_sequential_new()) != NULL;
+    for (int l = 0; l < nl && ok; l++)
+        ok = !tg_sequential_add_linear(s->seq, s->l[l]) &&
+             (!stack_relu(s, l) || !tg_sequential_add_map(s->seq, tg_relu));
     if (ok) {
         s->x = ce ? tg_rand_uniform(&rng, TG_F32, 2, SHAPE(batch, dims[0]), 0, 1)
                   : tg_rand_normal(&rng, TG_F32, 2, SHAPE(batch, dims[0]), 0, 1);
@@ -118,15 +124,13 @@ static tg_tensor *stack_layer(void *p, int l, tg_tensor *h)
     return stack_relu(s, l) ? tg_relu(h) : h;
 }
 
+/* The layers API's container: lean under every policy (each module's
+ * output is released once the next has run), sqrt(n) segments with
+ * segments. */
 static tg_tensor *stack_forward(void *p, tg_tape *tape, bool segments)
 {
     stack_st *s = p;
-    tg_tensor *h = s->x;
-    if (segments)
-        h = tg_checkpoint_sequential(tape, s->nl, 0, stack_layer, s, h);
-    else
-        for (int l = 0; l < s->nl; l++)
-            h = stack_layer(s, l, h);
+    tg_tensor *h = tg_sequential_forward(s->seq, tape, segments ? 0 : 1, s->x);
     return s->ce ? tg_cross_entropy(h, s->y) : tg_mean(h);
 }
 
@@ -365,6 +369,7 @@ typedef struct {
     tg_params *ps;
     tg_conv2d_layer *conv;
     tg_linear *fc;
+    tg_sequential *seq; /* conv, relu, flatten, fc */
     tg_tensor *x, *y; /* (B, 1, 28, 28), (B) */
     int64_t labels[CV_B];
     float *X, *A, *Wf, *Z, *dZ, *dA, *dWf; /* raw: input, fc input, fc weight, ... */
@@ -374,6 +379,7 @@ static void conv_teardown(void *p)
 {
     conv_st *s = p;
     if (!s) return;
+    tg_sequential_free(s->seq);
     tg_conv2d_layer_free(s->conv);
     tg_linear_free(s->fc);
     tg_params_free(s->ps);
@@ -399,6 +405,13 @@ static void *conv_setup(char *err, size_t errlen)
     s->conv =
         s->ps ? tg_conv2d_layer_new(s->ps, "conv", 1, CV_C, 3, 3, NULL, true, TG_F32, &rng) : NULL;
     s->fc = s->conv ? tg_linear_new(s->ps, "fc", CV_F, CV_K, true, TG_F32, &rng) : NULL;
+    s->seq = s->fc ? tg_sequential_new() : NULL;
+    if (s->seq && (tg_sequential_add_conv2d(s->seq, s->conv) ||
+                   tg_sequential_add_map(s->seq, tg_relu) || tg_sequential_add_flatten(s->seq) ||
+                   tg_sequential_add_linear(s->seq, s->fc))) {
+        tg_sequential_free(s->seq);
+        s->seq = NULL;
+    }
     s->x = tg_rand_uniform(&rng, TG_F32, 4, SHAPE(CV_B, 1, CV_HW, CV_HW), 0, 1);
     for (int i = 0; i < CV_B; i++)
         s->labels[i] = (int64_t)(tg_rng_next(&rng) % CV_K);
@@ -410,7 +423,7 @@ static void *conv_setup(char *err, size_t errlen)
     s->dWf = bench_floats((size_t)CV_K * CV_F, 0.01f);
     s->Z = bench_floats((size_t)CV_B * CV_K, 0.01f);
     s->dZ = bench_floats((size_t)CV_B * CV_K, 0.01f);
-    if (!s->fc || !s->y || !s->X || !s->A || !s->dA || !s->Wf || !s->dWf || !s->Z || !s->dZ) {
+    if (!s->seq || !s->y || !s->X || !s->A || !s->dA || !s->Wf || !s->dWf || !s->Z || !s->dZ) {
         conv_teardown(s);
         return bench_setup_failed(err, errlen, "conv setup");
     }
@@ -422,19 +435,14 @@ static tg_params *conv_params(void *p)
     return ((conv_st *)p)->ps;
 }
 
-static tg_tensor *conv_whole(void *p, int layer, tg_tensor *x)
-{
-    conv_st *s = p;
-    (void)layer;
-    tg_tensor *h = tg_relu(tg_conv2d_layer_forward(s->conv, x));
-    h = tg_reshape(h, 2, SHAPE(CV_B, CV_F));
-    return tg_cross_entropy(tg_linear_forward(s->fc, h), s->y);
-}
-
+/* The container (lean: the conv output dies once relu has run), sqrt(4)
+ * groups with segments: conv and relu as one segment, the rest as the
+ * tail. */
 static tg_tensor *conv_forward(void *p, tg_tape *tape, bool segments)
 {
     conv_st *s = p;
-    return segments ? tg_checkpoint(tape, conv_whole, s, s->x) : conv_whole(s, 0, s->x);
+    tg_tensor *logits = tg_sequential_forward(s->seq, tape, segments ? 0 : 1, s->x);
+    return tg_cross_entropy(logits, s->y);
 }
 
 /* The linear layer's GEMMs only (the convolution's are left out). */

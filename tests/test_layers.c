@@ -388,3 +388,170 @@ Test(layers, bad_arguments_fail_with_exact_codes)
     tg_linear_free(l);
     tg_params_free(ps);
 }
+
+/* ---- tg_sequential: a small CNN (conv2d, relu, flatten, linear, layer
+ * norm, tanh, a custom stage) gives the op-by-op forward's output and
+ * gradients bit for bit, with and without segments, while its tensor peak
+ * over forward and backward in one scope is what the tape keeps plus one
+ * stage's values, not every intermediate. */
+typedef struct {
+    tg_params *ps;
+    tg_conv2d_layer *conv;
+    tg_linear *fc1, *fc2;
+    tg_layer_norm_layer *ln;
+    tg_sequential *seq;
+} cnn;
+
+static tg_tensor *scale_stage(void *ud, int layer, tg_tensor *x)
+{
+    cr_expect_eq(layer, 7, "a stage gets its index in the container");
+    return tg_mul_scalar(x, *(const double *)ud);
+}
+
+static const double half = 0.5;
+
+static void cnn_build(cnn *m)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 17);
+    m->ps = tg_params_new();
+    m->conv = tg_conv2d_layer_new(m->ps, "conv", 1, 4, 3, 3, NULL, true, TG_F64, &rng);
+    m->fc1 = tg_linear_new(m->ps, "fc1", 4 * 10 * 10, 32, true, TG_F64, &rng);
+    m->ln = tg_layer_norm_layer_new(m->ps, "ln", 1, SHAPE(32), 1e-5, TG_F64);
+    m->fc2 = tg_linear_new(m->ps, "fc2", 32, 5, true, TG_F64, &rng);
+    m->seq = tg_sequential_new();
+    cr_assert(m->conv && m->fc1 && m->ln && m->fc2 && m->seq, "%s", tg_last_error_message());
+    cr_assert_eq(tg_sequential_add_conv2d(m->seq, m->conv), TG_OK);
+    cr_assert_eq(tg_sequential_add_map(m->seq, tg_relu), TG_OK);
+    cr_assert_eq(tg_sequential_add_flatten(m->seq), TG_OK);
+    cr_assert_eq(tg_sequential_add_linear(m->seq, m->fc1), TG_OK);
+    cr_assert_eq(tg_sequential_add_layer_norm(m->seq, m->ln), TG_OK);
+    cr_assert_eq(tg_sequential_add_map(m->seq, tg_tanh), TG_OK);
+    cr_assert_eq(tg_sequential_add_linear(m->seq, m->fc2), TG_OK);
+    cr_assert_eq(tg_sequential_add_stage(m->seq, scale_stage, (void *)&half), TG_OK);
+    cr_assert_eq(tg_sequential_count(m->seq), 8);
+}
+
+static void cnn_free(cnn *m)
+{
+    tg_sequential_free(m->seq);
+    tg_conv2d_layer_free(m->conv);
+    tg_linear_free(m->fc1);
+    tg_linear_free(m->fc2);
+    tg_layer_norm_layer_free(m->ln);
+    tg_params_free(m->ps);
+}
+
+/* mode 0: op by op; 1: the container without segments; 2: with sqrt(8)
+ * groups. The loss into *loss, every parameter gradient into g (caller
+ * frees), the tensor peak above what was live before as the result. */
+static size_t cnn_step(cnn *m, int mode, tg_tensor *x, double *loss, double **g, size_t *ng)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    cr_assert_eq(tg_params_requires_grad(m->ps, tape), TG_OK);
+    size_t before = tg_mem_current_bytes();
+    tg_mem_reset_peak();
+    tg_scope_begin();
+    tg_tensor *y;
+    if (mode == 0) {
+        tg_tensor *h = tg_relu(tg_conv2d_layer_forward(m->conv, x));
+        h = tg_reshape(h, 2, SHAPE(tg_tensor_shape(h)[0], 400));
+        h = tg_tanh(tg_layer_norm_layer_forward(m->ln, tg_linear_forward(m->fc1, h)));
+        y = tg_mul_scalar(tg_linear_forward(m->fc2, h), 0.5);
+    } else {
+        y = tg_sequential_forward(m->seq, tape, mode == 1 ? 1 : 0, x);
+    }
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    tg_tensor *l = tg_mean(tg_mul(y, y));
+    cr_assert_eq(tg_backward(l), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tensor_item(l, loss), TG_OK);
+    tg_scope_end();
+    size_t peak = tg_mem_peak_bytes() - before;
+    int np = tg_params_count(m->ps);
+    *ng = 0;
+    for (int i = 0; i < np; i++) *ng += (size_t)tg_tensor_numel(tg_params_at(m->ps, i));
+    *g = malloc(*ng * sizeof **g);
+    size_t off = 0;
+    for (int i = 0; i < np; i++) {
+        tg_tensor *p = tg_params_at(m->ps, i);
+        size_t n = (size_t)tg_tensor_numel(p);
+        cr_assert_eq(tg_tensor_copy_out(tg_grad(p), *g + off, n * sizeof(double)), TG_OK);
+        off += n;
+        tg_grad_zero(p);
+    }
+    tg_tape_free(tape);
+    return peak;
+}
+
+Test(layers, sequential_matches_the_op_by_op_forward_and_frees_as_it_goes)
+{
+    cnn m;
+    cnn_build(&m);
+    tg_rng rng;
+    tg_rng_seed(&rng, 4);
+    tg_tensor *x = tg_rand_normal(&rng, TG_F64, 4, SHAPE(64, 1, 12, 12), 0, 1);
+    double loss[3], *g[3];
+    size_t ng[3], peak[3];
+    for (int k = 0; k < 3; k++) peak[k] = cnn_step(&m, k, x, &loss[k], &g[k], &ng[k]);
+    for (int k = 1; k < 3; k++) {
+        cr_expect_eq(loss[k], loss[0], "mode %d: loss %.17g, op by op %.17g", k, loss[k], loss[0]);
+        cr_assert_eq(ng[k], ng[0]);
+        cr_expect_eq(memcmp(g[k], g[0], ng[0] * sizeof(double)), 0, "mode %d: other gradients", k);
+    }
+    /* Op by op the scope holds the conv output, the relu output (its view
+     * reshaped) and the small tail until backward ends: at least two
+     * (64, 4, 10, 10) f64 activations, 400 KiB, beside the gradients. The
+     * container frees the conv output once relu (which saves its own
+     * output) has run: one activation less. */
+    size_t act = 64 * 4 * 10 * 10 * sizeof(double);
+    cr_expect_geq(peak[0], 2 * act, "op by op: %zu bytes", peak[0]);
+    cr_expect_leq(peak[1] + act, peak[0] + act / 8, "container: %zu bytes, op by op %zu",
+                  peak[1], peak[0]);
+    for (int k = 0; k < 3; k++) free(g[k]);
+    tg_tensor_release(x);
+    cnn_free(&m);
+    cr_expect_eq(tg_mem_current_bytes(), 0);
+}
+
+Test(layers, sequential_misuse_fails_with_exact_codes)
+{
+    tg_sequential *s = tg_sequential_new();
+    cr_assert_not_null(s);
+    cr_expect_eq(tg_sequential_add_linear(NULL, NULL), TG_ERR_NULL);
+    cr_expect_eq(tg_sequential_add_linear(s, NULL), TG_ERR_NULL);
+    cr_expect_eq(tg_sequential_add_conv2d(s, NULL), TG_ERR_NULL);
+    cr_expect_eq(tg_sequential_add_layer_norm(s, NULL), TG_ERR_NULL);
+    cr_expect_eq(tg_sequential_add_map(s, NULL), TG_ERR_NULL);
+    cr_expect_eq(tg_sequential_add_stage(s, NULL, NULL), TG_ERR_NULL);
+    cr_expect_eq(tg_sequential_add_flatten(NULL), TG_ERR_NULL);
+    cr_expect_eq(tg_sequential_count(s), 0, "failed adds add nothing");
+    cr_expect_eq(tg_sequential_count(NULL), 0);
+    tg_tensor *x = tg_full(TG_F32, 1, SHAPE(3), 2.0);
+    /* Empty: the input itself. */
+    cr_expect_eq(tg_sequential_forward(s, NULL, 1, x), x);
+    cr_expect_null(tg_sequential_forward(NULL, NULL, 1, x));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    cr_expect_null(tg_sequential_forward(s, NULL, 1, NULL));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    cr_assert_eq(tg_sequential_add_map(s, tg_exp), TG_OK);
+    cr_assert_eq(tg_sequential_add_flatten(s), TG_OK);
+    /* Segments need a tape. */
+    cr_expect_null(tg_sequential_forward(s, NULL, 0, x));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL, "%s", tg_last_error_message());
+    /* A module that fails: flatten of a scalar; nothing leaks, and the
+     * container still runs on a good input (no tape needed without
+     * segments). */
+    tg_tensor *sc = tg_scalar(TG_F32, 1.0);
+    cr_expect_null(tg_sequential_forward(s, NULL, 1, sc));
+    cr_expect_eq(tg_last_error(), TG_ERR_SHAPE, "%s", tg_last_error_message());
+    tg_tensor *y = tg_sequential_forward(s, NULL, 1, x);
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    cr_expect_eq(tg_tensor_ndim(y), 2);
+    cr_expect_eq(tg_tensor_shape(y)[0], 3);
+    tg_tensor_release(y);
+    tg_tensor_release(sc);
+    tg_tensor_release(x);
+    tg_sequential_free(s);
+    tg_sequential_free(NULL);
+    cr_expect_eq(tg_mem_current_bytes(), 0);
+}

@@ -53,6 +53,31 @@ tg_batch_norm_layer *tg_batch_norm_layer_new(tg_params *ps, const char *name, in
 tg_tensor *tg_batch_norm_layer_forward(const tg_batch_norm_layer *l, tg_tensor *x, bool training);
 void tg_batch_norm_layer_free(tg_batch_norm_layer *l);
 
+/* ---- Sequential: modules applied in order to one tensor, run as the
+ * stages of tg_checkpoint_sequential (tape.h): each in a scope of its own,
+ * each output released once the next module has run, so that beside what
+ * the tape saves the forward holds one module's values at a time and the
+ * process's peak follows the checkpoint policy. nsegments as there: 1 for
+ * no segment (tape may then be NULL), 0 for ceil(sqrt(n)) groups, k for k.
+ * The container borrows its modules (free them after it, or before if it
+ * is not run again) and must outlive the tape's backward when segmented
+ * (backward re-runs the stages through it). Add functions: TG_ERR_NULL for
+ * a NULL container or module. A map is any tg_tensor *(*)(tg_tensor *)
+ * (tg_relu, tg_tanh, tg_sigmoid, tg_gelu, ...); flatten reshapes (N, ...)
+ * to (N, rest); a stage is fn(userdata, index in the container, x). */
+typedef struct tg_sequential tg_sequential;
+tg_sequential *tg_sequential_new(void);
+tg_status tg_sequential_add_linear(tg_sequential *s, const tg_linear *l);
+tg_status tg_sequential_add_conv2d(tg_sequential *s, const tg_conv2d_layer *l);
+tg_status tg_sequential_add_layer_norm(tg_sequential *s, const tg_layer_norm_layer *l);
+tg_status tg_sequential_add_map(tg_sequential *s, tg_tensor *(*f)(tg_tensor *x));
+tg_status tg_sequential_add_flatten(tg_sequential *s);
+tg_status tg_sequential_add_stage(tg_sequential *s, tg_segment_fn fn, void *userdata);
+int tg_sequential_count(const tg_sequential *s); /* 0 for NULL */
+tg_tensor *tg_sequential_forward(const tg_sequential *s, tg_tape *tape, int nsegments,
+                                 tg_tensor *x);
+void tg_sequential_free(tg_sequential *s);
+
 /* ---- Embedding: rows of W (count, dim) for i64 ids; init N(0, 1). */
 typedef struct tg_embedding_layer tg_embedding_layer;
 tg_embedding_layer *tg_embedding_layer_new(tg_params *ps, const char *name, int64_t count,

@@ -90,7 +90,9 @@ tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_ten
  * stage's output is released once the next stage has run (the forward
  * holds one at a time, beside what the tape keeps), so the process's peak
  * follows the policy. Returns the last stage's output (scope-owned inside
- * a scope, else a new reference); x itself when nlayers is 0. */
+ * a scope, else a new reference); x itself when nlayers is 0. tape may be
+ * NULL with nsegments 1 (no segment: a lean forward, recorded on whatever
+ * tapes its inputs belong to). */
 tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,
                                     void *userdata, tg_tensor *x);
 /* Forwards re-run by backward since the last reset (each recomputed value

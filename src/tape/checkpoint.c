@@ -403,9 +403,9 @@ tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_ten
 tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,
                                     void *userdata, tg_tensor *x)
 {
-    if (!tape || !fn) {
+    if (!fn || (!tape && nsegments != 1)) {
         tg__err(TG_ERR_NULL, "bad argument to 'checkpoint_sequential' (NULL %s)",
-                tape ? "function" : "tape");
+                fn ? "tape" : "function");
         return NULL;
     }
     if (nlayers < 0) {
