@@ -17,6 +17,13 @@ OMP_WAIT_POLICY to PASSIVE unless the caller set it (why: at the import); tapegr
 gets the same environment and --threads. OPENBLAS_CORETYPE and the like
 pass through unchanged.
 
+It also compares the tensor memory peak of one forward+backward (gradients
+dropped before, as both time it): tapegrad's tg_mem_peak_bytes above what
+was live before (the JSON's mem_peak_fwd_bwd_bytes), and PyTorch's from its
+profiler with profile_memory=True, each op's own allocations at its start
+and each free at its end, summed in time order (the running maximum; on
+deep it gives the 65 MiB the higher-order issue quoted).
+
 With --hvp it compares Hessian-vector products instead: on mlp and
 elementwise, PyTorch's double backward (torch.autograd.grad of the loss
 with create_graph=True, then torch.autograd.grad of <g, v>) against
@@ -222,8 +229,29 @@ def run_torch(name, quick):
                 times[k].append(dt)
     res = {v: stat(t) for v, t in zip(VARIANTS, times)}
     res.update({"runs": runs, "warmup": warm, "iterations_per_sample": reps,
-                "loss": loss, "grad_norm": norms[0], "repeatable": norms[0] == norms[1]})
+                "loss": loss, "grad_norm": norms[0], "repeatable": norms[0] == norms[1],
+                "mem_peak_fwd_bwd_bytes": torch_peak(fwd_bwd)})
     return res
+
+
+def torch_peak(step):
+    """Bytes of tensor memory step() holds at its peak above its start, from
+    the profiler's memory events: an op's own allocations (self) counted at
+    its start, a free (the "[memory]" events, negative) at its end."""
+    from torch.autograd import profiler
+    with profiler.profile(profile_memory=True) as prof:
+        step()
+    ev = []
+    for e in prof.function_events:
+        b = e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage
+        if b:
+            ev.append((e.time_range.start if b > 0 else e.time_range.end, b))
+    ev.sort()
+    cur = peak = 0
+    for _, b in ev:
+        cur += b
+        peak = max(peak, cur)
+    return peak
 
 
 def run_tool(cmd):
@@ -376,6 +404,14 @@ def main():
             line += " | %9.4g %9.4g %6.3f" % (a, b, a / b)
         out["ratios"][n] = ratios
         print(line)
+    print("\ntensor memory peak of one forward+backward, MB (ratio = tapegrad / PyTorch)")
+    for n in names:
+        w = tgw.get(n)
+        if not w or not w.get("ok"):
+            continue
+        a, b = w["mem_peak_fwd_bwd_bytes"], pt[n]["mem_peak_fwd_bwd_bytes"]
+        out["ratios"].setdefault(n, {})["mem_peak_fwd_bwd"] = a / b if b else None
+        print("%-12s %9.3f %9.3f %6s" % (n, a / 1e6, b / 1e6, "%.3f" % (a / b) if b else "-"))
     if ARGS.json:
         with open(ARGS.json, "w") as fh:
             json.dump(out, fh, indent=1)
