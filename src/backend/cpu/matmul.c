@@ -94,27 +94,22 @@ static void gemm_chosen(tg_gemm_fn f, bool ta, bool tb, int64_t m, int64_t n, in
     gemm_threads_end(threads);
 }
 
-static void gemm_f32(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                     const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
-{
-    if (m == 0 || n == 0) return;
-    if (!gemm_small(m, n, k)) {
-        gemm_chosen(sgemm, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-        return;
+/* The kernel table's entries: a small GEMM straight to BLAS, the others
+ * through the thread choice. */
+#define GEMM_ENTRY(name, raw)                                                                     \
+    static void name(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,          \
+                     int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) \
+    {                                                                                           \
+        if (m == 0 || n == 0) return;                                                           \
+        if (!gemm_small(m, n, k)) {                                                             \
+            gemm_chosen(raw, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);                    \
+            return;                                                                             \
+        }                                                                                       \
+        raw(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);                                     \
     }
-    sgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-}
 
-static void gemm_f64(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a, int64_t lda,
-                     const void *b, int64_t ldb, double beta, void *c, int64_t ldc)
-{
-    if (m == 0 || n == 0) return;
-    if (!gemm_small(m, n, k)) {
-        gemm_chosen(dgemm, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-        return;
-    }
-    dgemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-}
+GEMM_ENTRY(gemm_f32, sgemm)
+GEMM_ENTRY(gemm_f64, dgemm)
 
 int tg__blas_threads(void)
 {
