@@ -591,3 +591,42 @@ Test(nn_ops, batch_norm_rejects_missing_or_bad_running_statistics)
     tu_expect_values(rv, VALS(1, 1, 1), 3, 0);
 }
 
+
+/* cross_entropy keeps its logits and targets only: the log-probabilities
+ * its forward makes are made again in backward (by the same kernel), so a
+ * loss per step of an unrolled model does not hold a second (N, C) tensor
+ * per step. The logits here are a leaf (kept by the tape's leaf list, at
+ * no cost), so the node's saved bytes are the targets'. The gradient is
+ * (softmax(x) - onehot(t)) / N. */
+Test(nn_ops, cross_entropy_saves_no_log_probabilities_and_its_gradient_is_softmax_minus_onehot)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_rng rng;
+    tg_rng_seed(&rng, 12);
+    enum { N = 8, C = 5 };
+    tg_tensor *x = tg_rand_normal(&rng, TG_F64, 2, SHAPE(N, C), 0, 1);
+    int64_t lab[N] = {0, 1, 2, 3, 4, 0, 1, 2};
+    tg_tensor *t = tg_tensor_from_data(TG_I64, 1, SHAPE(N), lab);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    tg_scope_begin();
+    tg_tensor *l = tg_cross_entropy(x, t);
+    cr_assert_not_null(l, "%s", tg_last_error_message());
+    cr_expect_eq(tg_tape_saved_bytes(tape), (size_t)N * sizeof(int64_t),
+                 "saved %zu bytes: only the targets expected", tg_tape_saved_bytes(tape));
+    cr_assert_eq(tg_backward(l), TG_OK, "%s", tg_last_error_message());
+    tg_scope_end();
+    double xv[N * C], g[N * C];
+    cr_assert_eq(tg_tensor_copy_out(x, xv, sizeof xv), TG_OK);
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(x), g, sizeof g), TG_OK);
+    for (int i = 0; i < N; i++) {
+        double mx = xv[i * C], s = 0;
+        for (int j = 1; j < C; j++) mx = fmax(mx, xv[i * C + j]);
+        for (int j = 0; j < C; j++) s += exp(xv[i * C + j] - mx);
+        for (int j = 0; j < C; j++) {
+            double want = (exp(xv[i * C + j] - mx) / s - (j == lab[i])) / N;
+            cr_expect(fabs(g[i * C + j] - want) <= 1e-15 + 1e-13 * fabs(want),
+                      "g[%d][%d] = %.17g, want %.17g", i, j, g[i * C + j], want);
+        }
+    }
+    tg_tape_free(tape); /* x and t belong to the suite's scope (setup) */
+}

@@ -165,8 +165,12 @@ tg_tensor *tg_log_softmax(tg_tensor *x, int dim)
     return tg__call1(&tg__op_log_softmax, x, &a);
 }
 
-/* ---- cross-entropy: mean over N of -log_softmax(x)[target]. The forward
- * keeps log-probabilities; the first-order backward is one kernel. */
+/* ---- cross-entropy: mean over N of -log_softmax(x)[target]. The node
+ * saves the logits only; the first-order backward makes the
+ * log-probabilities again with the forward's kernel (the same bits) and
+ * runs one kernel on them. Keeping them too cost a second (N, C) tensor
+ * per loss: on the rnn workload, a loss per step over 64 steps, 0.5 MB,
+ * 1.22x PyTorch's peak (PyTorch keeps log_softmax's output only). */
 static tg_status ce_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in, tg_spec *out)
 {
     (void)a;
@@ -215,7 +219,6 @@ static tg_tensor *ce_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     }
     TG_KERNEL(tg_ce_fwd_fn, TG_K_CE_FWD, x)(N, C, tg__tensor_ptr(x), tp, tg__tensor_ptr(logp),
                                             tg__tensor_ptr(loss));
-    if (ctx->needs) tg_op_ctx_save(ctx, logp);
     tg_tensor_release(logp);
     return loss;
 }
@@ -281,10 +284,16 @@ static tg_status ce_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         return tg__err(TG_ERR_NOT_DIFFERENTIABLE, "op 'cross_entropy' has no gradient for its "
                                                   "i64 targets");
     /* The fused kernel records nothing: only when nothing would. */
-    tg_tensor *x = tg_op_ctx_input(ctx, 0);
+    tg_tensor *x = tg_op_ctx_input(ctx, 0), *t = tg_op_ctx_input(ctx, 1);
     if (tg__records(x) || tg__records(g)) return ce_bwd_ops(ctx, x, g, gin);
-    tg_tensor *in[3] = {tg_op_ctx_saved(ctx, 0), tg_op_ctx_input(ctx, 1), g};
+    tg_tensor *lp = tg__tensor_empty(x->dtype, 2, x->shape, x->backend);
+    if (!lp) return tg_last_error();
+    double loss; /* the kernel writes one element of x's dtype: room for either */
+    TG_KERNEL(tg_ce_fwd_fn, TG_K_CE_FWD, x)(x->shape[0], x->shape[1], tg__tensor_ptr(x),
+                                            tg__tensor_ptr(t), tg__tensor_ptr(lp), &loss);
+    tg_tensor *in[3] = {lp, t, g};
     gin[0] = tg_op_call(&tg__op_cross_entropy_backward, 3, in, NULL);
+    tg_tensor_release(lp);
     return gin[0] ? TG_OK : tg_last_error();
 }
 
@@ -305,8 +314,8 @@ static int ce_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 const tg_op tg__op_cross_entropy = {
     .name = "cross_entropy", .doc = "L = mean_n -log softmax(x_n)[t_n]", .arity = 2,
     .shape = ce_shape, .forward = ce_fwd, .backward = ce_bwd, .cost = TG_COST_MEMORY_BOUND,
-    /* x only for a create_graph backward (ce_bwd_ops); first order reads
-     * the log-probabilities. */
+    /* x: the log-probabilities are made again from it (first order) or
+     * recorded as ops on it (create_graph, ce_bwd_ops). */
     .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), .sample = ce_sample,
 };
 
