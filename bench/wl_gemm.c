@@ -54,6 +54,13 @@ static void stack_teardown(void *p)
     free(s);
 }
 
+/* The cross-entropy of the last layer's logits against the labels. */
+static tg_tensor *stack_loss(void *p, int layer, tg_tensor *logits)
+{
+    (void)layer;
+    return tg_cross_entropy(logits, ((stack_st *)p)->y);
+}
+
 /* kaiming: He-normal weights and zero biases (the deep stack, which the
  * default U(-1/sqrt(in), ..) init would shrink to nothing in 16 layers). */
 static void *stack_setup(int nl, const int *dims, int batch, bool ce, bool kaiming, uint64_t seed,
@@ -83,6 +90,10 @@ static void *stack_setup(int nl, const int *dims, int batch, bool ce, bool kaimi
     for (int l = 0; l < nl && ok; l++)
         ok = !tg_sequential_add_linear(s->seq, s->l[l]) &&
              (!stack_relu(s, l) || !tg_sequential_add_map(s->seq, tg_relu));
+    /* The loss as the last module, so that the model's output dies once
+     * the loss has read it (the cross-entropy's labels are added below). */
+    if (ok) ok = !(ce ? tg_sequential_add_stage(s->seq, stack_loss, s)
+                      : tg_sequential_add_map(s->seq, tg_mean));
     if (ok) {
         s->x = ce ? tg_rand_uniform(&rng, TG_F32, 2, SHAPE(batch, dims[0]), 0, 1)
                   : tg_rand_normal(&rng, TG_F32, 2, SHAPE(batch, dims[0]), 0, 1);
@@ -130,8 +141,7 @@ static tg_tensor *stack_layer(void *p, int l, tg_tensor *h)
 static tg_tensor *stack_forward(void *p, tg_tape *tape, bool segments)
 {
     stack_st *s = p;
-    tg_tensor *h = tg_sequential_forward(s->seq, tape, segments ? 0 : 1, s->x);
-    return s->ce ? tg_cross_entropy(h, s->y) : tg_mean(h);
+    return tg_sequential_forward(s->seq, tape, segments ? 0 : 1, s->x);
 }
 
 static tg_tensor *stack_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
@@ -395,6 +405,12 @@ static void conv_teardown(void *p)
     free(s);
 }
 
+static tg_tensor *conv_loss(void *p, int layer, tg_tensor *logits)
+{
+    (void)layer;
+    return tg_cross_entropy(logits, ((conv_st *)p)->y);
+}
+
 static void *conv_setup(char *err, size_t errlen)
 {
     conv_st *s = calloc(1, sizeof *s);
@@ -408,7 +424,8 @@ static void *conv_setup(char *err, size_t errlen)
     s->seq = s->fc ? tg_sequential_new() : NULL;
     if (s->seq && (tg_sequential_add_conv2d(s->seq, s->conv) ||
                    tg_sequential_add_map(s->seq, tg_relu) || tg_sequential_add_flatten(s->seq) ||
-                   tg_sequential_add_linear(s->seq, s->fc))) {
+                   tg_sequential_add_linear(s->seq, s->fc) ||
+                   tg_sequential_add_stage(s->seq, conv_loss, s))) {
         tg_sequential_free(s->seq);
         s->seq = NULL;
     }
@@ -435,14 +452,13 @@ static tg_params *conv_params(void *p)
     return ((conv_st *)p)->ps;
 }
 
-/* The container (lean: the conv output dies once relu has run), sqrt(4)
- * groups with segments: conv and relu as one segment, the rest as the
- * tail. */
+/* The container with the loss as its last module (lean: the conv output
+ * dies once relu has run, the logits once the loss has), ceil(sqrt(5)) = 3
+ * groups with segments. */
 static tg_tensor *conv_forward(void *p, tg_tape *tape, bool segments)
 {
     conv_st *s = p;
-    tg_tensor *logits = tg_sequential_forward(s->seq, tape, segments ? 0 : 1, s->x);
-    return tg_cross_entropy(logits, s->y);
+    return tg_sequential_forward(s->seq, tape, segments ? 0 : 1, s->x);
 }
 
 /* The linear layer's GEMMs only (the convolution's are left out). */
