@@ -1,6 +1,9 @@
 /* digits_mlp.c - the digits MLP 64-128-10 (ReLU) in plain C: load the CSV,
  * stratified 80/20 split, standardise, Adam lr 1e-3 on shuffled batches of
- * 32, then test accuracy. Usage: example_digits_mlp [--epochs N] [--data F].
+ * 32, then test accuracy. The model is a tg_sequential container of its
+ * layers, which frees each layer's output once the next has run (a step
+ * holds what the tape saves). Usage: example_digits_mlp [--epochs N]
+ * [--data F].
  * At the default 20 epochs it reaches 0.9749 in about 0.2 s; it exits 1
  * below 0.80 (one epoch already gives 0.84) or on an error. */
 #include <stdio.h>
@@ -12,11 +15,6 @@
 #ifndef TG_DATA_DIR
 #define TG_DATA_DIR "data"
 #endif
-
-static tg_tensor *mlp(tg_linear *fc1, tg_linear *fc2, tg_tensor *x) /* (B, 64) -> (B, 10) */
-{
-    return tg_linear_forward(fc2, tg_relu(tg_linear_forward(fc1, x)));
-}
 
 int main(int argc, char **argv)
 {
@@ -35,6 +33,10 @@ int main(int argc, char **argv)
     tg_params *ps = tg_params_new();
     tg_linear *fc1 = tg_linear_new(ps, "fc1", 64, 128, true, TG_F32, &rng);
     tg_linear *fc2 = tg_linear_new(ps, "fc2", 128, 10, true, TG_F32, &rng);
+    tg_sequential *mlp = tg_sequential_new(); /* (B, 64) -> (B, 10) */
+    bool built = mlp && tg_sequential_add_linear(mlp, fc1) == TG_OK &&
+                 tg_sequential_add_map(mlp, tg_relu) == TG_OK &&
+                 tg_sequential_add_linear(mlp, fc2) == TG_OK;
     tg_optim_opts oo = tg_optim_defaults(TG_OPTIM_ADAM); /* lr 1e-3 */
     tg_optim *opt = tg_optim_new(ps, &oo);
     tg_tape *tape = tg_tape_new(NULL);
@@ -42,7 +44,7 @@ int main(int argc, char **argv)
     double acc = 0;
     bool ok = tg_dataset_load_csv(path, 64, &all) == TG_OK &&
               tg_dataset_split(all, 0.2, 0, &train, &test) == TG_OK &&
-              tg_dataset_standardize(train, test) == TG_OK && fc1 && fc2 && opt && tape &&
+              tg_dataset_standardize(train, test) == TG_OK && built && opt && tape &&
               (it = tg_batches_new(train, 32, true, 2)) &&
               tg_params_requires_grad(ps, tape) == TG_OK;
     for (int e = 0; ok && e < epochs; e++, tg_batches_next_epoch(it)) {
@@ -51,7 +53,7 @@ int main(int argc, char **argv)
         while (ok && tg_batches_next(it, &x, &y)) {
             tg_scope_begin(); /* owns every tensor of the step */
             tg_optim_zero_grad(opt);
-            tg_tensor *loss = tg_cross_entropy(mlp(fc1, fc2, x), y);
+            tg_tensor *loss = tg_cross_entropy(tg_sequential_forward(mlp, tape, 1, x), y);
             ok = tg_backward(loss) == TG_OK && tg_optim_step(opt) == TG_OK;
             tg_scope_end();
             tg_tape_reset(tape); /* drop the step's record; parameters stay leaves */
@@ -61,7 +63,8 @@ int main(int argc, char **argv)
     if (ok) { /* test accuracy, grad off */
         tg_grad_set_enabled(false);
         tg_scope_begin();
-        tg_tensor *pred = tg_argmax(mlp(fc1, fc2, tg_dataset_x(test)), 1, false);
+        tg_tensor *pred = tg_argmax(tg_sequential_forward(mlp, NULL, 1, tg_dataset_x(test)), 1,
+                                    false);
         tg_tensor *hit = tg_cast(tg_eq(pred, tg_dataset_y(test)), TG_F64);
         ok = tg_tensor_item(tg_mean(hit), &acc) == TG_OK;
         tg_scope_end();
@@ -72,6 +75,7 @@ int main(int argc, char **argv)
                 tg_last_error_message());
     tg_batches_free(it);
     tg_optim_free(opt);
+    tg_sequential_free(mlp);
     tg_linear_free(fc1), tg_linear_free(fc2);
     tg_params_free(ps);
     tg_tape_free(tape);
