@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend/kernels.h" /* tg__gemm_threads_begin/end */
 #include "bench.h"
 
 double bench_now_ns(void)
@@ -54,30 +55,18 @@ int bench_lib_fail(char *err, size_t errlen, const char *what)
                       tg_strerror(tg_last_error()));
 }
 
-/* With the thread choice tapegrad's GEMM makes (src/backend/cpu/matmul.c):
- * OpenBLAS's split only from m*n*k = 2^21 with every side at least 32,
- * else one thread. OpenBLAS's own split of the smaller ones was up to 2.3x
- * slower, and its threads, left spinning, slowed the tapegrad samples
- * interleaved with the raw ones: conv's step ran 1.2x slower at 2 threads
- * than at 1 only inside the benchmark. */
+/* With the thread choice tapegrad's GEMM makes (tg__gemm_threads_begin,
+ * src/backend/cpu/matmul.c): OpenBLAS's own split of small and thin GEMMs
+ * was up to 2.3x slower, and its threads, left spinning, slowed the
+ * tapegrad samples interleaved with the raw ones (conv's step ran 1.2x
+ * slower at 2 threads than at 1 only inside the benchmark). */
 void bench_sgemm(bool ta, bool tb, int m, int n, int k, const float *a, int lda, const float *b,
                  int ldb, float *c, int ldc)
 {
-    int threads = 0;
-#if BENCH_HAVE_OPENBLAS_INFO
-    bool split = (double)m * n * k >= (double)(1 << 21) && m >= 32 && n >= 32 && k >= 32;
-    if (!split && (double)m * n * k > 262144.0 && (threads = openblas_get_num_threads()) > 1)
-        openblas_set_num_threads(1);
-    else
-        threads = 0;
-#endif
+    int threads = tg__gemm_threads_begin(m, n, k);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
                 k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-#if BENCH_HAVE_OPENBLAS_INFO
-    if (threads) openblas_set_num_threads(threads);
-#else
-    (void)threads;
-#endif
+    tg__gemm_threads_end(threads);
 }
 
 float *bench_floats(size_t n, float scale)

@@ -7,12 +7,14 @@
  * (64x10x10816: a side of 10) 1.2-2.3x slower, and helped from about
  * m*n*k = 2M with m, n and k at least 32 (0.52-0.86x; 128x128x128 broke
  * even). With k = 10 (64x10816x10) the split alone was 0.82x, but the
- * conv step around it ran 1.2x slower on two threads than on one. So a GEMM below that runs on one thread whatever the
- * count (the count is read per call, so a count set through OpenBLAS
- * itself is followed, and put back after). Its bits are then those of one
- * thread at any count (OpenBLAS's threaded path can differ in the last
- * bit: the rnn gradient did). A GEMM that will be split first parks the
- * elementwise pool's spinning workers (core/pool.c). */
+ * conv step around it ran 1.2x slower on two threads than on one. So a
+ * GEMM below that runs on one thread whatever the count (the count is
+ * read per call, so a count set through OpenBLAS itself is followed, and
+ * put back after). Its bits are then those of one thread at any count
+ * (OpenBLAS's threaded path can differ in the last bit: the rnn gradient
+ * did). A GEMM that will be split first parks the elementwise pool's
+ * spinning workers (core/pool.c). The benchmark's raw GEMMs make the same
+ * choice through tg__gemm_threads_begin/end. */
 #include <cblas.h>
 
 #include "backend/kernels.h"
@@ -34,12 +36,10 @@ static inline bool gemm_small(int64_t m, int64_t n, int64_t k)
     return mn <= GEMM_OWN_SINGLE_MNK && mn * (uint64_t)k <= GEMM_OWN_SINGLE_MNK;
 }
 
-/* For a GEMM that is not small: 0 if it may use OpenBLAS's threads (the
- * pool's workers parked first), else the thread count to put back after
- * it ran on one. */
-static int gemm_threads_begin(int64_t m, int64_t n, int64_t k)
+int tg__gemm_threads_begin(int64_t m, int64_t n, int64_t k)
 {
 #if TG_HAVE_OPENBLAS_THREADS
+    if (gemm_small(m, n, k)) return 0;
     if ((double)m * (double)n * (double)k >= GEMM_SPLIT_MNK && m >= GEMM_SPLIT_SIDE &&
         n >= GEMM_SPLIT_SIDE && k >= GEMM_SPLIT_SIDE) {
         tg__pool_park(); /* OpenBLAS's threads need the cores the pool spins on */
@@ -55,7 +55,7 @@ static int gemm_threads_begin(int64_t m, int64_t n, int64_t k)
 #endif
 }
 
-static void gemm_threads_end(int threads)
+void tg__gemm_threads_end(int threads)
 {
 #if TG_HAVE_OPENBLAS_THREADS
     if (threads) openblas_set_num_threads(threads);
@@ -89,9 +89,9 @@ static void gemm_chosen(tg_gemm_fn f, bool ta, bool tb, int64_t m, int64_t n, in
                         const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
                         void *c, int64_t ldc)
 {
-    int threads = gemm_threads_begin(m, n, k);
+    int threads = tg__gemm_threads_begin(m, n, k);
     f(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
-    gemm_threads_end(threads);
+    tg__gemm_threads_end(threads);
 }
 
 /* The kernel table's entries: a small GEMM straight to BLAS, the others
