@@ -374,12 +374,15 @@ UNARY_MAP(clamp, clamp, TG_SAVE_INPUT(0),
 UNARY_MAP(softplus, softplus, TG_SAVE_INPUT(0),
           "y = log(1 + e^(beta x)) / beta; x where beta x > threshold",
           "gx = gy * sigmoid(beta x); gy past the threshold", .kid = TG_K_SOFTPLUS,
-          .gkid = TG_K_SOFTPLUS_GRAD, .two = true, .f2 = softplus_f2, .lo = -3.0, .hi = 3.0, .nkinks = 1, .kinks = {{20.0}, {0.5}},
+          .gkid = TG_K_SOFTPLUS_GRAD, .two = true, .f2 = softplus_f2, .lo = -3.0, .hi = 3.0,
+          .nkinks = 1, .kinks = {{20.0}, {0.5}},
           .nparams = 1, .p = {1.0, 2.0, 1.0, 2.0}, .q = {20.0, 1.0, 20.0, 1.0})
 UNARY_MAP(sin, sin, TG_SAVE_INPUT(0),
-          "y = sin x", "gx = gy * cos x", .kid = TG_K_SIN, .gkid = TG_K_SIN_GRAD, .f2 = sin_f2, .lo = -3.0, .hi = 3.0)
+          "y = sin x", "gx = gy * cos x", .kid = TG_K_SIN, .gkid = TG_K_SIN_GRAD, .f2 = sin_f2,
+          .lo = -3.0, .hi = 3.0)
 UNARY_MAP(cos, cos, TG_SAVE_INPUT(0),
-          "y = cos x", "gx = -gy * sin x", .kid = TG_K_COS, .gkid = TG_K_COS_GRAD, .f2 = cos_f2, .lo = -3.0, .hi = 3.0)
+          "y = cos x", "gx = -gy * sin x", .kid = TG_K_COS, .gkid = TG_K_COS_GRAD, .f2 = cos_f2,
+          .lo = -3.0, .hi = 3.0)
 
 /* ---- linear maps: no fused op, the backward is the map again */
 static const unary_def linear_cases = {

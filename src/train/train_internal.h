@@ -67,12 +67,12 @@ struct tg_optim {
     int64_t step_count; /* tg_optim_step calls */
 };
 
-/* Names of the optimizer kinds ("sgd", ...) and of the state kinds
- * ("momentum_buffer", "exp_avg", ...), as written to parameter files. */
 /* Moves trainable parameter p's gradient, a tensor of its own (from a
  * plain tg_backward), into its view of the flat buffer, which becomes the
  * gradient. Nothing to do when it is the view already or there is none. */
 TG_INTERNAL tg_status tg__param_grad_to_flat(tg__param *p);
+/* Names of the optimizer kinds ("sgd", ...) and of the state kinds
+ * ("momentum_buffer", "exp_avg", ...), as written to parameter files. */
 TG_INTERNAL const char *tg__optim_kind_name(tg_optim_kind kind);
 TG_INTERNAL const char *tg__optim_state_name(int st);
 /* Grows the optimizer's state to the parameter set's current size. */
