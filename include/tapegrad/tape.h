@@ -30,6 +30,9 @@ typedef struct tg_tape_opts {
     bool plain_backward;
     /* Anomaly mode from the start (tg_tape_set_anomaly). */
     bool anomaly;
+    /* Keep the forward's op calls so that tg_tape_replay can run them
+     * again on new input values (see "Replay" below). */
+    bool replay;
 } tg_tape_opts;
 
 /* New empty tape (NULL opts: defaults). Free with tg_tape_free. */
@@ -224,6 +227,41 @@ tg_status tg_tape_set_saved_hooks(tg_tape *tape, tg_pack_hook pack, tg_unpack_ho
  * notify. NULL fn turns it off; one per tape. Cost when off: none. */
 typedef tg_status (*tg_grad_ready_fn)(tg_tensor *leaf, const tg_tensor *grad, void *userdata);
 tg_status tg_tape_set_grad_ready(tg_tape *tape, tg_grad_ready_fn fn, void *userdata);
+
+/* ---- Replay: record a forward once, then run it again on new input values
+ * without running the code that built it. Make the tape with opts.replay,
+ * mark the tensors that will take new values with tg_tape_input, record
+ * the forward once as usual; then each tg_tape_replay copies new values
+ * into the inputs and re-runs every recorded op into the same tensors (the
+ * loss tensor the first run returned holds the new loss), after which
+ * tg_backward(loss) sweeps as after a recording. The gradients are bitwise
+ * those of recording again, under every checkpoint policy. What does not
+ * change: the ops, their attributes and every shape (a new shape needs a
+ * new record: tg_tape_reset, then record again). Values made outside the
+ * recorded forward (untracked tensors, results computed with grad
+ * disabled) are constants of the program. The tape keeps every tensor of
+ * the forward until tg_tape_reset or tg_tape_free: memory is the NONE
+ * policy's. docs/replay.md has the details. */
+
+/* Marks t (contiguous, any dtype) as an input of a replay tape: ops on it
+ * are recorded but no gradient flows to it (tg_tensor_requires_grad is
+ * false). TG_ERR_INVALID when the tape lacks opts.replay, t is a recorded
+ * result, a strided view, or already requires grad on this tape;
+ * TG_ERR_TAPE when it is a leaf of another tape. */
+tg_status tg_tape_input(tg_tape *tape, tg_tensor *t);
+/* Copies values[k] into inputs[k] (each marked with tg_tape_input; values
+ * NULL: the inputs' current values, e.g. written in place; values[k] may be
+ * inputs[k]), drops the record and runs the recorded forward again. Errors
+ * (nothing changed but the inputs' values): TG_ERR_INVALID without
+ * opts.replay, with nothing recorded, for an input not marked, or when
+ * called inside a backward or an op; TG_ERR_DTYPE, TG_ERR_SHAPE or
+ * TG_ERR_DEVICE when values[k] differs from inputs[k] in dtype, shape or
+ * backend. A failing op (TG_ERR_NONFINITE under anomaly mode, ...) leaves
+ * no record (as after tg_tape_reset); the program is kept. */
+tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs,
+                         tg_tensor *const *values);
+/* Steps of the replay program (op calls and segment marks; 0 without). */
+int64_t tg_tape_replay_steps(const tg_tape *tape);
 
 /* Writes the current record as Graphviz DOT to path: one box per node (op,
  * output dtype and shape, bytes saved; recompute nodes dashed), leaves and

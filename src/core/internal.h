@@ -82,6 +82,10 @@ struct tg_tensor {
     int64_t node;   /* producing node index, -1 for leaves */
     bool is_leaf;
     bool leaf_view; /* shares a leaf's storage (a transpose of a weight) */
+    /* Tracked without a gradient: a replay input (tg_tape_input) or a
+     * result recorded from such inputs only. Ops on it are recorded (so
+     * tg_tape_replay re-runs them) but no gradient flows to it. */
+    bool nograd;
     tg_tensor *grad; /* leaves: accumulated gradient */
     /* The storage of a tensor made by tg__tensor_empty, and its data when
      * small. A view points at its base's; the base's memory then lives

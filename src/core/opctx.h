@@ -22,6 +22,9 @@ struct tg_op_ctx {
     tg_tensor **extra;         /* TG_OP_MAX_EXTRA slots */
     int *nextra;
     bool forward;
+    /* Replay (tape/replay.c): the recorded output, handed out once by
+     * tg_op_ctx_new_output so that forward writes into it; else NULL. */
+    tg_tensor *reuse;
 };
 
 /* The context of one call of op on nin inputs in (specs in_spec, output
@@ -39,7 +42,7 @@ static inline tg_op_ctx tg__op_ctx(const tg_op *op, const tg_op_attrs *attrs, in
     return (tg_op_ctx){
         .op = op, .attrs = attrs, .nin = nin, .in = in, .in_spec = in_spec, .out = out,
         .out_spec = out_spec, .backend = backend, .needs = needs, .extra = extra,
-        .nextra = nextra, .forward = forward,
+        .nextra = nextra, .forward = forward, .reuse = NULL,
     };
 }
 

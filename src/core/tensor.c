@@ -232,6 +232,7 @@ static tg_tensor *header_new(void)
     t->node = -1;
     t->is_leaf = false;
     t->leaf_view = false;
+    t->nograd = false;
     t->grad = NULL;
     return t;
 }

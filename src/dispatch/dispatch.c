@@ -19,9 +19,10 @@ tg_tensor *tg__contiguous_raw(tg_tensor *t)
  * Sets tracked[i] and *tape. Inlined into tg_op_call: the loops are over
  * at most TG_OP_MAX_INPUTS inputs. */
 static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, bool *tracked,
-                                 tg_tape **tape)
+                                 tg_tape **tape, tg_tape **replay)
 {
     *tape = NULL;
+    *replay = NULL;
     for (int i = 0; i < n; i++)
         if (!in[i]) return tg__err_null(op->name, i + 1);
     if (!(op->flags & TG_OP_MIXED_BACKENDS)) {
@@ -34,7 +35,12 @@ static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, b
     }
     bool recording = !tg__grad_disabled && !op->nondifferentiable;
     for (int i = 0; i < n; i++) tracked[i] = false;
-    if (!recording) return TG_OK;
+    if (!recording) {
+        /* Not recorded, but a replay must run it again (a comparison of
+         * a replay input). */
+        if (!tg__grad_disabled) *replay = tg__replay_tape_of(n, in);
+        return TG_OK;
+    }
     for (int i = 0; i < n; i++) {
         const tg_tensor *t = in[i];
         if (!t->tape) continue;
@@ -49,7 +55,13 @@ static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, b
     }
     if (*tape && !op->backward) {
         int first = 0;
-        while (!tracked[first]) first++;
+        while (first < n && !(tracked[first] && !in[first]->nograd)) first++;
+        if (first == n) { /* replay inputs only: no gradient to take */
+            for (int i = 0; i < n; i++) tracked[i] = false;
+            *replay = (*tape)->opts.replay && !(*tape)->replaying ? *tape : NULL;
+            *tape = NULL;
+            return TG_OK;
+        }
         if (tg__backward_of)
             return tg__err(TG_ERR_NOT_DIFFERENTIABLE,
                            "op '%s' is not marked for autodiff: input %d requires grad, in the "
@@ -83,8 +95,8 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     tg_tensor *sub[TG_OP_MAX_INPUTS];
     if (tg__replica_active && n > 0) in = tg__replica_args(tg__replica_active, n, in, sub);
     bool tracked[TG_OP_MAX_INPUTS];
-    tg_tape *tape;
-    if (validate(op, n, in, tracked, &tape)) return NULL;
+    tg_tape *tape, *replay;
+    if (validate(op, n, in, tracked, &tape, &replay)) return NULL;
 
     tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec;
     for (int i = 0; i < n; i++) tg__spec_of(in[i], &in_spec[i]);
@@ -117,7 +129,7 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     int nextra = 0;
     unsigned needs = 0;
     for (int i = 0; i < n; i++)
-        if (tracked[i]) needs |= 1u << i;
+        if (tracked[i] && !in[i]->nograd) needs |= 1u << i;
     tg_op_ctx ctx = tg__op_ctx(op, attrs, n, args, in_spec, NULL, &out_spec,
                                n ? in[0]->backend : tg_default_backend(), needs, extra, &nextra,
                                true);
@@ -154,7 +166,13 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
                 tg__profile_forward(tape, op, elapsed,
                                     tape->saved_bytes > saved_before
                                         ? tape->saved_bytes - saved_before : 0);
+            if (tape->opts.replay && !tape->replaying && !tg__backward_of) replay = tape;
         }
+    }
+    if (out && replay &&
+        tg__replay_capture(replay, op, attrs, n, in, tracked, out, replay == tape) != TG_OK) {
+        tg_tensor_release(out);
+        out = NULL;
     }
     if (!out && tg_last_error() == TG_OK) tg__err(TG_ERR_INTERNAL, "forward of '%s' failed", op->name);
     for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);

@@ -38,6 +38,11 @@ tg_backend tg_op_ctx_backend(const tg_op_ctx *ctx)
 
 tg_tensor *tg_op_ctx_new_output(tg_op_ctx *ctx)
 {
+    if (ctx->reuse) {
+        tg_tensor *t = tg_tensor_retain(ctx->reuse);
+        ctx->reuse = NULL;
+        return t;
+    }
     return tg__tensor_empty_spec(ctx->out_spec, ctx->backend);
 }
 

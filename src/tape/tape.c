@@ -102,6 +102,12 @@ void tg__node_release_saved(tg_tape *tape, tg_node *n)
 void tg_tape_reset(tg_tape *tape)
 {
     if (!tape) return;
+    tg__replay_free(tape);
+    tg__tape_reset_record(tape);
+}
+
+void tg__tape_reset_record(tg_tape *tape)
+{
     /* Saved tensors may hold the last references to the tape itself. */
     tg__tape_ref(tape);
     for (int64_t i = 0; i < tape->nnodes; i++) tg__node_release_saved(tape, &tape->nodes[i]);
@@ -163,7 +169,7 @@ tg_status tg__err_stale(const char *op, int argi, const tg_tensor *t)
 
 bool tg_tensor_requires_grad(const tg_tensor *t)
 {
-    return t && t->tape && tg__tensor_live(t);
+    return t && t->tape && !t->nograd && tg__tensor_live(t);
 }
 
 bool tg_tensor_is_leaf(const tg_tensor *t)
@@ -183,7 +189,10 @@ tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t)
         return tg__err(TG_ERR_INVALID, "bad argument #2 to 'requires_grad' (tensor is the result "
                                        "of a recorded op; tg_detach it first)");
     if (t->is_leaf) {
-        if (t->tape == tape) return TG_OK;
+        if (t->tape == tape) {
+            t->nograd = false; /* a replay input that now takes a gradient */
+            return TG_OK;
+        }
         if (!t->tape->dead)
             return tg__err(TG_ERR_TAPE, "bad argument #2 to 'requires_grad' (already a leaf of "
                                         "another tape)");
@@ -192,6 +201,7 @@ tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t)
     tg__tape_ref(tape);
     t->tape = tape;
     t->is_leaf = true;
+    t->nograd = false;
     t->node = -1;
     t->gen = 0; /* no slot yet */
     t->slot = -1;
@@ -233,9 +243,12 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
                          : tg__tape_choose(tape, op, nin, in, seen, tracked, out, extra, nextra,
                                            &recompute, &checkpoints, &none_add);
     if (st) return st;
+    bool nograd = true; /* no input takes a gradient: neither does out */
     for (int i = 0; i < nin; i++) {
-        slots[i] = tracked[i] ? tg__tape_slot(in[i]) : -1;
-        if (tracked[i] && slots[i] < 0) return TG_ERR_NOMEM;
+        bool grad = tracked[i] && !in[i]->nograd;
+        slots[i] = grad ? tg__tape_slot(in[i]) : -1;
+        if (grad && slots[i] < 0) return TG_ERR_NOMEM;
+        nograd = nograd && !grad;
     }
     /* The output itself, retained: like a checkpoint, it holds the tape
      * until tg_backward, tg_tape_reset or tg_tape_free releases the node's
@@ -318,6 +331,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     out->slot = tape->nslots++;
     out->node = tape->nnodes;
     out->is_leaf = false;
+    out->nograd = nograd;
     n->out_slot = out->slot;
     tape->nnodes++;
     /* Filed once the node exists; on failure the node stays, unpacked

@@ -105,6 +105,12 @@ struct tg_tape {
     void *ready_ud;
     bool any_hooks;
     bool watch; /* anomaly mode or node hooks: tg__tape_watch_after per node */
+    /* Replay (replay.c, opts.replay): the forward's op calls in order,
+     * kept across the resets tg_tape_replay makes; replaying: re-running
+     * them (dispatch then captures nothing). */
+    struct tg__replay_op *prog;
+    int64_t nprog, capprog;
+    bool replaying;
     bool profiling;        /* profile.c */
     tg_profile_row *prof;
     const tg_op **prof_ops;
@@ -232,5 +238,20 @@ TG_INTERNAL tg_status tg__tape_check_writes(struct tg_tape *tape, int64_t top);
  * so that backward can re-run it from what it keeps. */
 TG_INTERNAL bool tg__node_keeps_inputs(const tg_node *n);
 TG_INTERNAL void tg__tape_ref(struct tg_tape *tape);
+/* Replay (replay.c). Appends the call out = op(in) to the tape's program
+ * (record: whether it was recorded as a node; tracked: dispatch's). */
+TG_INTERNAL tg_status tg__replay_capture(struct tg_tape *tape, const tg_op *op,
+                                         const tg_op_attrs *attrs, int nin, tg_tensor *const *in,
+                                         const bool *tracked, tg_tensor *out, bool record);
+/* Appends a checkpoint segment's begin (or end) to the program. */
+TG_INTERNAL tg_status tg__replay_mark(struct tg_tape *tape, bool begin);
+/* The live replay tape among in[0..n) (an input tracked by a tape made
+ * with opts.replay, not replaying), or NULL: dispatch's test for calls
+ * it does not record (nondifferentiable ops) but a replay must re-run. */
+TG_INTERNAL struct tg_tape *tg__replay_tape_of(int n, tg_tensor *const *in);
+/* Frees the program (tg_tape_reset, tg_tape_free). */
+TG_INTERNAL void tg__replay_free(struct tg_tape *tape);
+/* Drops the record as tg_tape_reset does, keeping the program. */
+TG_INTERNAL void tg__tape_reset_record(struct tg_tape *tape);
 
 #endif

@@ -1,0 +1,321 @@
+/* Replay: run a recorded forward again on new input values without the
+ * user's code, the dispatcher's checks or new tensors.
+ *
+ * A tape made with opts.replay keeps, besides its nodes, a program: every
+ * op call of the forward in order (op, attributes, the input tensors and
+ * the output tensor, retained), including the calls it does not record as
+ * nodes because they have no gradient (comparisons, argmax) but that a
+ * new input changes. tg_tape_replay copies the new values into the input
+ * tensors, drops the record (a new generation, as tg_tape_reset) and walks
+ * the program: each op's forward runs on the same input tensors and
+ * writes into the same output tensor (tg_op_ctx_new_output hands it out),
+ * and the node is recorded again by the same function dispatch records
+ * with. So the record that backward sweeps is the one a second run of the
+ * user's code would have made (same values, same saves, the same checkpoint
+ * choices and segments), and its gradients are bitwise the same; what is
+ * skipped is the user's code, validation, the shape rules and allocation.
+ *
+ * The program holds every tensor of the forward for the tape's lifetime:
+ * memory is that of the NONE policy's forward whatever the policy (the
+ * policy still decides what the nodes save and what backward recomputes).
+ * Inputs are tensors marked with tg_tape_input: tracked (ops on them are
+ * recorded) but never given a gradient. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dispatch/dispatch.h"
+#include "tape/tape_internal.h"
+
+enum { STEP_OP, STEP_BEGIN, STEP_END };
+
+typedef struct tg__replay_op {
+    int kind;
+    const tg_op *op;
+    tg_op_attrs attrs;
+    int nin;
+    tg_tensor *in[TG_OP_MAX_INPUTS]; /* retained */
+    tg_tensor *out;                  /* retained */
+    tg_spec out_spec;
+    bool tracked[TG_OP_MAX_INPUTS];
+    bool record;  /* recorded as a node (else re-run only) */
+    bool view;    /* out shares an input's storage: forward makes a view */
+    int32_t label;
+} tg__replay_op;
+
+static tg__replay_op *prog_push(tg_tape *tape)
+{
+    if (tape->nprog == tape->capprog) {
+        int64_t cap = tape->capprog ? tape->capprog * 2 : 64;
+        tg__replay_op *p = realloc(tape->prog, (size_t)cap * sizeof *p);
+        if (!p) {
+            tg__err(TG_ERR_NOMEM, "out of memory growing the tape's replay program");
+            return NULL;
+        }
+        tape->prog = p;
+        tape->capprog = cap;
+    }
+    tg__replay_op *e = &tape->prog[tape->nprog++];
+    memset(e, 0, sizeof *e);
+    e->label = tape->cur_label;
+    return e;
+}
+
+tg_status tg__replay_capture(tg_tape *tape, const tg_op *op, const tg_op_attrs *attrs, int nin,
+                             tg_tensor *const *in, const bool *tracked, tg_tensor *out,
+                             bool record)
+{
+    tg__replay_op *e = prog_push(tape);
+    if (!e) return TG_ERR_NOMEM;
+    e->kind = STEP_OP;
+    e->op = op;
+    e->attrs = *attrs;
+    e->nin = nin;
+    e->record = record;
+    for (int i = 0; i < nin; i++) {
+        e->in[i] = tg_tensor_retain(in[i]);
+        e->tracked[i] = tracked ? tracked[i] : false;
+        if (in[i]->storage == out->storage) e->view = true;
+    }
+    e->out = tg_tensor_retain(out);
+    tg__spec_of(out, &e->out_spec);
+    return TG_OK;
+}
+
+tg_status tg__replay_mark(tg_tape *tape, bool begin)
+{
+    tg__replay_op *e = prog_push(tape);
+    if (!e) return TG_ERR_NOMEM;
+    e->kind = begin ? STEP_BEGIN : STEP_END;
+    return TG_OK;
+}
+
+tg_tape *tg__replay_tape_of(int n, tg_tensor *const *in)
+{
+    for (int i = 0; i < n; i++) {
+        tg_tape *t = in[i]->tape;
+        if (t && t->opts.replay && !t->replaying && !t->dead && tg__tensor_live(in[i])) return t;
+    }
+    return NULL;
+}
+
+void tg__replay_free(tg_tape *tape)
+{
+    for (int64_t k = 0; k < tape->nprog; k++) {
+        tg__replay_op *e = &tape->prog[k];
+        if (e->kind != STEP_OP) continue;
+        for (int i = 0; i < e->nin; i++) tg_tensor_release(e->in[i]);
+        tg_tensor_release(e->out);
+    }
+    free(tape->prog);
+    tape->prog = NULL;
+    tape->nprog = tape->capprog = 0;
+}
+
+tg_status tg_tape_input(tg_tape *tape, tg_tensor *t)
+{
+    if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'tape_input' (NULL tape)");
+    if (!t) return tg__err_null("tape_input", 2);
+    if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to 'tape_input' (tape was freed)");
+    if (!tape->opts.replay)
+        return tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_input' (the tape was made "
+                                       "without opts.replay)");
+    if (t->tape && !t->is_leaf && tg__tensor_live(t))
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'tape_input' (tensor is the result "
+                                       "of a recorded op; tg_detach it first)");
+    if (t->is_leaf && t->tape && !t->tape->dead) {
+        if (t->tape != tape)
+            return tg__err(TG_ERR_TAPE, "bad argument #2 to 'tape_input' (already a leaf of "
+                                        "another tape)");
+        if (!t->nograd)
+            return tg__err(TG_ERR_INVALID, "bad argument #2 to 'tape_input' (already requires "
+                                           "grad on this tape)");
+        return TG_OK;
+    }
+    if (!t->contiguous)
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'tape_input' (a strided view; "
+                                       "replay writes new values into the input: pass a "
+                                       "contiguous tensor)");
+    if (t->tape) tg__tape_unref(t->tape);
+    tg__tape_ref(tape);
+    t->tape = tape;
+    t->is_leaf = true;
+    t->nograd = true;
+    t->node = -1;
+    t->gen = 0;
+    t->slot = -1;
+    return TG_OK;
+}
+
+/* Writes src's elements into the input dst (same dtype and shape). */
+static void copy_into(tg_tensor *dst, tg_tensor *src)
+{
+    size_t es = tg_dtype_size(src->dtype);
+    if (src->contiguous)
+        memcpy(tg__tensor_ptr(dst), tg__tensor_ptr(src), (size_t)src->numel * es);
+    else
+        TG_KERNEL(tg_copy_strided_fn, TG_K_COPY_STRIDED, src)(src->ndim, src->shape, src->strides,
+                                                             tg__tensor_ptr(src),
+                                                             tg__tensor_ptr(dst), es);
+    tg__tensor_written(dst);
+}
+
+static tg_status check_values(tg_tape *tape, int n, tg_tensor *const *inputs,
+                              tg_tensor *const *values)
+{
+    char a[96], b[96];
+    for (int k = 0; k < n; k++) {
+        tg_tensor *x = inputs[k], *v = values ? values[k] : NULL;
+        if (!x)
+            return tg__err(TG_ERR_NULL, "bad argument #3 to 'tape_replay' (input %d is NULL)", k);
+        if (x->tape != tape || !x->is_leaf || !x->nograd)
+            return tg__err(TG_ERR_INVALID, "bad argument #3 to 'tape_replay' (input %d was not "
+                                           "marked with tg_tape_input on this tape)", k);
+        if (!values) continue;
+        if (!v)
+            return tg__err(TG_ERR_NULL, "bad argument #4 to 'tape_replay' (value %d is NULL)", k);
+        if (v->dtype != x->dtype)
+            return tg__err(TG_ERR_DTYPE, "bad argument #4 to 'tape_replay' (value %d is %s; input "
+                                         "%d was recorded as %s)", k, tg_dtype_name(v->dtype), k,
+                           tg_dtype_name(x->dtype));
+        if (!tg__same_shape(v->ndim, v->shape, x->ndim, x->shape))
+            return tg__err(TG_ERR_SHAPE, "bad argument #4 to 'tape_replay' (value %d has shape "
+                                         "%s; input %d was recorded with %s: a new shape needs "
+                                         "a new record)", k, tg_shape_str(v->ndim, v->shape, a,
+                                                                          sizeof a), k,
+                           tg_shape_str(x->ndim, x->shape, b, sizeof b));
+        if (v->backend != x->backend)
+            return tg__err(TG_ERR_DEVICE, "bad argument #4 to 'tape_replay' (value %d is on "
+                                          "backend '%s', input %d on '%s')", k,
+                           tg_backend_name(v->backend), k, tg_backend_name(x->backend));
+    }
+    return TG_OK;
+}
+
+/* Runs step e: its forward into e->out, then its node as dispatch records
+ * it. */
+static tg_status run_step(tg_tape *tape, tg__replay_op *e)
+{
+    if (e->kind == STEP_BEGIN) return tg_checkpoint_begin(tape);
+    if (e->kind == STEP_END) return tg_checkpoint_end(tape);
+    const tg_op *op = e->op;
+    int n = e->nin;
+    tg_spec in_spec[TG_OP_MAX_INPUTS];
+    tg_tensor *args[TG_OP_MAX_INPUTS];
+    unsigned copied = 0, needs = 0;
+    tg_status st = TG_OK;
+    for (int i = 0; i < n; i++) {
+        tg_tensor *t = e->in[i];
+        if (e->tracked[i] && !tg__tensor_live(t))
+            return tg__err(TG_ERR_STALE, "tape_replay: input #%d of '%s' was not recorded again "
+                                         "(made outside the recorded forward?)", i + 1, op->name);
+        if (e->tracked[i] && !t->nograd) needs |= 1u << i;
+        tg__spec_of(t, &in_spec[i]);
+        args[i] = t;
+        if (!t->contiguous && !(op->flags & TG_OP_STRIDED_INPUTS)) {
+            if (!(args[i] = tg__contiguous_raw(t))) {
+                st = tg_last_error();
+                goto out;
+            }
+            copied |= 1u << i;
+        }
+    }
+    tg_tensor *extra[TG_OP_MAX_EXTRA] = {0};
+    int nextra = 0;
+    tg_op_ctx ctx = tg__op_ctx(op, &e->attrs, n, args, in_spec, NULL, &e->out_spec,
+                               n ? e->in[0]->backend : tg_default_backend(), needs, extra,
+                               &nextra, true);
+    ctx.reuse = e->view ? NULL : e->out;
+    bool prev_off = tg__grad_disabled;
+    tg__grad_disabled = true;
+    tg__in_op++;
+    tg_tensor *y = op->forward(&ctx, args);
+    tg__in_op--;
+    tg__grad_disabled = prev_off;
+    if (!y) {
+        st = tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
+        goto drop;
+    }
+    if (y != e->out) {
+        /* The forward made its output another way: a view of an input
+         * (the same storage as the recorded view, already holding the new
+         * values), or a new tensor whose values go into the recorded one. */
+        if (e->view ? y->storage != e->out->storage
+                    : (!ctx.reuse || !e->out->contiguous ||
+                       !tg__same_shape(y->ndim, y->shape, e->out->ndim, e->out->shape) ||
+                       y->dtype != e->out->dtype)) {
+            tg_tensor_release(y);
+            st = tg__err(TG_ERR_INTERNAL, "tape_replay: the forward of '%s' did not make its "
+                                          "output as it did when recorded", op->name);
+            goto drop;
+        }
+        if (!e->view) {
+            if (y->contiguous)
+                memcpy(tg__tensor_ptr(e->out), tg__tensor_ptr(y),
+                       (size_t)y->numel * tg_dtype_size(y->dtype));
+            else
+                TG_KERNEL(tg_copy_strided_fn, TG_K_COPY_STRIDED, y)(
+                    y->ndim, y->shape, y->strides, tg__tensor_ptr(y), tg__tensor_ptr(e->out),
+                    tg_dtype_size(y->dtype));
+        }
+    }
+    tg_tensor_release(y);
+    if (tape->opts.anomaly && e->record && (st = tg__anomaly_forward(tape, op, n, e->in, e->out)))
+        goto drop;
+    if (e->record) {
+        /* The output's old record holds a reference to the tape; the new
+         * one takes its own. */
+        if (e->out->tape) {
+            tg__tape_unref(e->out->tape);
+            e->out->tape = NULL;
+        }
+        tape->cur_label = e->label;
+        st = tg__tape_record(tape, op, &e->attrs, n, e->in, args, e->tracked, e->out, extra,
+                             nextra);
+        if (st == TG_OK) nextra = 0; /* the node owns them */
+    }
+drop:
+    for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);
+out:
+    for (int i = 0; i < n; i++)
+        if (copied & (1u << i)) tg_tensor_release(args[i]);
+    return st;
+}
+
+tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tensor *const *values)
+{
+    tg_status st = tg__tape_check(tape, "tape_replay");
+    if (st) return st;
+    if (!tape->opts.replay)
+        return tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_replay' (the tape was made "
+                                       "without opts.replay)");
+    if (tape->replaying || tape->sweep_busy || tg__in_op)
+        return tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_replay' (called from inside a "
+                                       "replay, a backward or an op)");
+    if (n < 0 || (n > 0 && !inputs))
+        return tg__err(TG_ERR_INVALID, "bad argument #2 to 'tape_replay' (%d inputs%s)", n,
+                       n > 0 ? " and a NULL array" : "");
+    if (tape->nprog == 0)
+        return tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_replay' (nothing recorded to "
+                                       "replay: record the forward once first)");
+    if ((st = check_values(tape, n, inputs, values))) return st;
+    for (int k = 0; k < n && values; k++)
+        if (values[k] != inputs[k]) copy_into(inputs[k], values[k]);
+    tg__tape_reset_record(tape);
+    tape->replaying = true;
+    int32_t label = tape->cur_label;
+    for (int64_t k = 0; k < tape->nprog && st == TG_OK; k++) st = run_step(tape, &tape->prog[k]);
+    tape->cur_label = label;
+    tape->replaying = false;
+    if (st) {
+        /* A half-made record must not be swept: drop it (the program stays,
+         * so the replay can be tried again). */
+        tg__tape_reset_record(tape);
+        return st;
+    }
+    return TG_OK;
+}
+
+int64_t tg_tape_replay_steps(const tg_tape *tape)
+{
+    return tape ? tape->nprog : 0;
+}

@@ -1,0 +1,352 @@
+/* Replay (src/tape/replay.c): a forward recorded once on a tape made with
+ * opts.replay runs again on new input values through tg_tape_replay. The
+ * loss and the gradients after each replay must be bitwise those of
+ * recording the same forward again on those values, under every
+ * checkpoint policy and in segments; the program must follow views,
+ * comparisons of the inputs (ops the tape does not record) and pointwise
+ * regions; and every misuse gets its own status with the tape left
+ * usable. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tapegrad.h>
+
+#include "test_util.h"
+
+#define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
+#define NBATCH 3
+
+TestSuite(replay, .init = tu_scope_setup, .fini = tu_scope_teardown);
+
+typedef struct model {
+    tg_tensor *p[4]; /* w1 (16, 8), b1 (16), w2 (4, 16), b2 (4) */
+    tg_tape *tape;   /* for segments */
+    int variant;     /* 0 plain, 1 one segment, 2 tg_checkpoint_sequential */
+} model;
+
+static tg_tensor *layer(void *ud, int k, tg_tensor *h)
+{
+    model *m = ud;
+    tg_tensor *z = tg_affine(h, m->p[2 * k], m->p[2 * k + 1]);
+    return k == 0 ? tg_tanh(z) : z;
+}
+
+/* Loss of the model on (x, y): cross-entropy of a 8-16-4 tanh MLP; the
+ * hidden layer's rows are masked by x[:, 0] > 0 (a comparison, not
+ * recorded) and the input goes through a view (a transpose twice). */
+static tg_tensor *model_loss(model *m, tg_tensor *x, tg_tensor *y)
+{
+    tg_tensor *xv = tg_transpose(tg_transpose(x, 0, 1), 0, 1);
+    tg_tensor *h;
+    if (m->variant == 2) {
+        h = tg_checkpoint_sequential(m->tape, 2, 2, layer, m, xv);
+    } else {
+        if (m->variant == 1) tg_checkpoint_begin(m->tape);
+        h = layer(m, 0, xv);
+        if (m->variant == 1) tg_checkpoint_end(m->tape);
+        tg_tensor *zero = tg_zeros(tg_tensor_dtype(x), 2, SHAPE(1, 1));
+        tg_tensor *mask = tg_gt(tg_narrow(xv, 1, 0, 1), zero);
+        h = layer(m, 1, tg_add(tg_mul(h, mask), tg_mul_scalar(h, 0.5)));
+    }
+    return tg_cross_entropy(h, y);
+}
+
+static void model_init(model *m, tg_dtype dt, int variant)
+{
+    tg_rng r;
+    tg_rng_seed(&r, 11);
+    const int64_t s[4][2] = {{16, 8}, {16, 0}, {4, 16}, {4, 0}};
+    for (int i = 0; i < 4; i++)
+        m->p[i] = tg_tensor_retain(tg_rand_normal(&r, dt, s[i][1] ? 2 : 1, s[i], 0, 0.5));
+    m->variant = variant;
+}
+
+static void model_free(model *m)
+{
+    tu_release_all(m->p, 4);
+}
+
+typedef struct batches {
+    tg_tensor *x[NBATCH], *y[NBATCH];
+} batches;
+
+static void batches_init(batches *b, tg_dtype dt, int64_t rows)
+{
+    tg_rng r;
+    tg_rng_seed(&r, 5);
+    for (int k = 0; k < NBATCH; k++) {
+        b->x[k] = tg_tensor_retain(tg_rand_normal(&r, dt, 2, SHAPE(rows, 8), 0, 1));
+        b->y[k] = tg_tensor_retain(
+            tg_cast(tg_rand_uniform(&r, TG_F64, 1, SHAPE(rows), 0, 3.999), TG_I64));
+    }
+}
+
+static void batches_free(batches *b)
+{
+    tu_release_all(b->x, NBATCH);
+    tu_release_all(b->y, NBATCH);
+}
+
+/* Element 0 of an f64 tensor. */
+static double first(const tg_tensor *t)
+{
+    return ((const double *)tg_tensor_data_ro(t))[0];
+}
+
+static bool same_bits(const tg_tensor *a, const tg_tensor *b)
+{
+    size_t n = (size_t)tg_tensor_numel(a) * (tg_tensor_dtype(a) == TG_F32 ? 4 : 8);
+    return tg_tensor_numel(a) == tg_tensor_numel(b) &&
+           memcmp(tg_tensor_data_ro(a), tg_tensor_data_ro(b), n) == 0;
+}
+
+/* Records batch k on a fresh tape per batch (the reference) and replays
+ * it on one replay tape; compares loss and gradients bit for bit. */
+static void check_replay(tg_dtype dt, tg_tape_opts opts, int variant)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_scope_begin();
+    model m;
+    model_init(&m, dt, variant);
+    batches b;
+    batches_init(&b, dt, 6);
+    tg_tensor *ref_loss[NBATCH], *ref_grad[NBATCH][4];
+    for (int k = 0; k < NBATCH; k++) {
+        m.tape = tg_tape_new(&opts);
+        for (int i = 0; i < 4; i++) cr_assert_eq(tg_requires_grad(m.tape, m.p[i]), TG_OK);
+        tg_scope_begin();
+        tg_tensor *loss = model_loss(&m, b.x[k], b.y[k]);
+        cr_assert_not_null(loss, "%s", tg_last_error_message());
+        ref_loss[k] = tg_tensor_retain(tg_detach(loss));
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        tg_scope_end();
+        for (int i = 0; i < 4; i++) {
+            ref_grad[k][i] = tg_tensor_retain(tg_detach(tg_grad(m.p[i])));
+            tg_grad_zero(m.p[i]);
+        }
+        tg_tape_free(m.tape);
+    }
+
+    opts.replay = true;
+    m.tape = tg_tape_new(&opts);
+    for (int i = 0; i < 4; i++) cr_assert_eq(tg_requires_grad(m.tape, m.p[i]), TG_OK);
+    tg_tensor *x = tg_tensor_retain(tg_zeros(dt, 2, SHAPE(6, 8)));
+    tg_tensor *y = tg_tensor_retain(tg_zeros(TG_I64, 1, SHAPE(6)));
+    cr_assert_eq(tg_tape_input(m.tape, x), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tape_input(m.tape, y), TG_OK, "%s", tg_last_error_message());
+    cr_assert_not(tg_tensor_requires_grad(x));
+    tg_scope_begin();
+    tg_tensor *loss = tg_tensor_retain(model_loss(&m, x, y)); /* recorded on zeros */
+    cr_assert_not_null(loss, "%s", tg_last_error_message());
+    tg_scope_end();
+    cr_assert_gt(tg_tape_replay_steps(m.tape), tg_tape_node_count(m.tape),
+                 "the program also holds the comparison, which the tape does not record");
+    tg_tensor *in[2] = {x, y};
+    for (int k = 0; k < NBATCH; k++) {
+        tg_tensor *val[2] = {b.x[k], b.y[k]};
+        cr_assert_eq(tg_tape_replay(m.tape, 2, in, val), TG_OK, "%s", tg_last_error_message());
+        cr_assert(same_bits(loss, ref_loss[k]), "batch %d: loss %.17g, recorded %.17g", k,
+                  tu_item(loss), tu_item(ref_loss[k]));
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        for (int i = 0; i < 4; i++) {
+            cr_assert(same_bits(tg_grad(m.p[i]), ref_grad[k][i]), "batch %d: gradient %d differs",
+                      k, i);
+            tg_grad_zero(m.p[i]);
+        }
+        cr_assert_null(tg_grad(x));
+    }
+    tg_tensor_release(loss);
+    tg_tensor_release(x);
+    tg_tensor_release(y);
+    tg_tape_free(m.tape);
+    for (int k = 0; k < NBATCH; k++) {
+        tg_tensor_release(ref_loss[k]);
+        tu_release_all(ref_grad[k], 4);
+    }
+    batches_free(&b);
+    model_free(&m);
+    tg_scope_end();
+    tu_expect_no_leaks(mem0);
+}
+
+Test(replay, bitwise_equal_to_recording_none)
+{
+    check_replay(TG_F64, (tg_tape_opts){.policy = TG_CHECKPOINT_NONE}, 0);
+    check_replay(TG_F32, (tg_tape_opts){.policy = TG_CHECKPOINT_NONE}, 0);
+}
+
+Test(replay, bitwise_equal_to_recording_balanced)
+{
+    check_replay(TG_F64, (tg_tape_opts){.policy = TG_CHECKPOINT_BALANCED}, 0);
+}
+
+Test(replay, bitwise_equal_to_recording_budget)
+{
+    /* A budget below what NONE keeps: some nodes recompute. */
+    check_replay(TG_F64, (tg_tape_opts){.policy = TG_CHECKPOINT_BUDGET, .budget_bytes = 900}, 0);
+}
+
+Test(replay, bitwise_equal_to_recording_segments)
+{
+    check_replay(TG_F64, (tg_tape_opts){0}, 1);
+    check_replay(TG_F64, (tg_tape_opts){0}, 2);
+    check_replay(TG_F32, (tg_tape_opts){.policy = TG_CHECKPOINT_BALANCED}, 2);
+}
+
+Test(replay, anomaly_mode)
+{
+    check_replay(TG_F64, (tg_tape_opts){.anomaly = true}, 0);
+}
+
+/* A pointwise chain over 300k floats: backward runs it in blocks
+ * (region.c) both ways. */
+Test(replay, pointwise_region)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_scope_begin();
+    tg_rng r;
+    tg_rng_seed(&r, 3);
+    tg_tensor *w = tg_rand_normal(&r, TG_F32, 1, SHAPE(300000), 0, 1);
+    tg_tensor *vals[2] = {tg_rand_normal(&r, TG_F32, 1, SHAPE(300000), 0, 1),
+                          tg_rand_normal(&r, TG_F32, 1, SHAPE(300000), 0, 1)};
+    tg_tensor *ref[2];
+    for (int k = 0; k < 2; k++) {
+        tg_tape *t = tg_tape_new(NULL);
+        cr_assert_eq(tg_requires_grad(t, w), TG_OK);
+        tg_scope_begin();
+        tg_tensor *v = vals[k];
+        cr_assert_eq(tg_backward(tg_sum(tg_mul(tg_tanh(tg_add_scalar(tg_mul(v, w), 1.0)),
+                                               tg_sigmoid(w)))), TG_OK);
+        tg_scope_end();
+        ref[k] = tg_tensor_retain(tg_detach(tg_grad(w)));
+        tg_grad_zero(w);
+        tg_tape_free(t);
+    }
+    tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true});
+    tg_tensor *x = tg_zeros(TG_F32, 1, SHAPE(300000));
+    cr_assert_eq(tg_requires_grad(t, w), TG_OK);
+    cr_assert_eq(tg_tape_input(t, x), TG_OK);
+    tg_scope_begin();
+    tg_tensor *loss = tg_tensor_retain(
+        tg_sum(tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, w), 1.0)), tg_sigmoid(w))));
+    tg_scope_end();
+    for (int k = 0; k < 2; k++) {
+        /* Values written in place count too (values NULL). */
+        memcpy(tg_tensor_data(x), tg_tensor_data_ro(vals[k]), 300000 * sizeof(float));
+        cr_assert_eq(tg_tape_replay(t, 1, &x, NULL), TG_OK, "%s", tg_last_error_message());
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        cr_assert(same_bits(tg_grad(w), ref[k]), "pass %d: gradient differs", k);
+        tg_grad_zero(w);
+    }
+    tg_tensor_release(loss);
+    tu_release_all(ref, 2);
+    tg_tape_free(t);
+    tg_scope_end();
+    tu_expect_no_leaks(mem0);
+}
+
+/* The tape forgets the program on tg_tape_reset; a new record makes a new
+ * one (here with another batch size). */
+Test(replay, reset_drops_the_program)
+{
+    tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true});
+    tg_tensor *w = tg_ones(TG_F64, 1, SHAPE(3));
+    tg_tensor *x = tg_ones(TG_F64, 1, SHAPE(3));
+    cr_assert_eq(tg_requires_grad(t, w), TG_OK);
+    cr_assert_eq(tg_tape_input(t, x), TG_OK);
+    cr_assert_not_null(tg_sum(tg_mul(x, w)));
+    cr_assert_eq(tg_tape_replay_steps(t), 2);
+    tg_tape_reset(t);
+    cr_assert_eq(tg_tape_replay_steps(t), 0);
+    cr_assert_eq(tg_tape_replay(t, 1, &x, NULL), TG_ERR_INVALID);
+    tu_expect_message_has("nothing recorded");
+    tg_tensor *x2 = tg_full(TG_F64, 1, SHAPE(5), 2.0);
+    tg_tensor *w2 = tg_ones(TG_F64, 1, SHAPE(5));
+    cr_assert_eq(tg_requires_grad(t, w2), TG_OK);
+    cr_assert_eq(tg_tape_input(t, x2), TG_OK);
+    tg_tensor *loss = tg_sum(tg_mul(x2, w2));
+    cr_assert_eq(tg_tape_replay(t, 1, &x2, NULL), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(loss), TG_OK);
+    cr_assert_float_eq(first(tg_grad(w2)), 2.0, 0.0);
+    tg_tape_free(t);
+}
+
+Test(replay, misuse)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_scope_begin();
+    tg_tape *plain = tg_tape_new(NULL);
+    tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true});
+    tg_tape *other = tg_tape_new(&(tg_tape_opts){.replay = true});
+    tg_tensor *w = tg_full(TG_F64, 2, SHAPE(2, 3), 0.5);
+    tg_tensor *x = tg_ones(TG_F64, 2, SHAPE(2, 3));
+
+    cr_assert_eq(tg_tape_input(NULL, x), TG_ERR_NULL);
+    cr_assert_eq(tg_tape_input(t, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_tape_input(plain, x), TG_ERR_INVALID);
+    tu_expect_message_has("opts.replay");
+    cr_assert_eq(tg_tape_input(t, tg_transpose(x, 0, 1)), TG_ERR_INVALID);
+    tu_expect_message_has("strided");
+    cr_assert_eq(tg_requires_grad(t, w), TG_OK);
+    cr_assert_eq(tg_tape_input(t, w), TG_ERR_INVALID);
+    tu_expect_message_has("requires grad");
+    cr_assert_eq(tg_tape_input(other, w), TG_ERR_TAPE);
+    cr_assert_eq(tg_tape_input(t, x), TG_OK);
+    cr_assert_eq(tg_tape_input(t, x), TG_OK, "marking twice is fine");
+
+    cr_assert_eq(tg_tape_replay(NULL, 0, NULL, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_tape_replay(plain, 0, NULL, NULL), TG_ERR_INVALID);
+    cr_assert_eq(tg_tape_replay(t, 0, NULL, NULL), TG_ERR_INVALID);
+    tu_expect_message_has("nothing recorded");
+
+    tg_tensor *loss = tg_sum(tg_mul(tg_exp(x), w));
+    cr_assert_not_null(loss, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tape_replay(t, -1, NULL, NULL), TG_ERR_INVALID);
+    cr_assert_eq(tg_tape_replay(t, 1, NULL, NULL), TG_ERR_INVALID);
+    tg_tensor *in[1] = {w};
+    cr_assert_eq(tg_tape_replay(t, 1, in, NULL), TG_ERR_INVALID);
+    tu_expect_message_has("tg_tape_input");
+    in[0] = NULL;
+    cr_assert_eq(tg_tape_replay(t, 1, in, NULL), TG_ERR_NULL);
+    in[0] = x;
+    tg_tensor *val[1] = {NULL};
+    cr_assert_eq(tg_tape_replay(t, 1, in, val), TG_ERR_NULL);
+    val[0] = tg_ones(TG_F64, 2, SHAPE(3, 2));
+    cr_assert_eq(tg_tape_replay(t, 1, in, val), TG_ERR_SHAPE);
+    tu_expect_message_has("new shape needs a new record");
+    val[0] = tg_ones(TG_F32, 2, SHAPE(2, 3));
+    cr_assert_eq(tg_tape_replay(t, 1, in, val), TG_ERR_DTYPE);
+
+    /* None of that touched the record: backward still works. */
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    double g1 = first(tg_grad(w));
+    cr_assert_float_eq(g1, exp(1.0), 1e-15);
+    tg_grad_zero(w);
+
+    /* A strided value is gathered; the replayed gradient follows it. */
+    val[0] = tg_transpose(tg_full(TG_F64, 2, SHAPE(3, 2), 2.0), 0, 1);
+    cr_assert_eq(tg_tape_replay(t, 1, in, val), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    cr_assert_float_eq(first(tg_grad(w)), exp(2.0), 1e-14);
+    tg_grad_zero(w);
+
+    /* A failing replay (anomaly mode: a non-finite value) drops the record;
+     * the next replay works. */
+    cr_assert_eq(tg_tape_set_anomaly(t, true), TG_OK);
+    val[0] = tg_full(TG_F64, 2, SHAPE(2, 3), 1000.0);
+    cr_assert_eq(tg_tape_replay(t, 1, in, val), TG_ERR_NONFINITE);
+    cr_assert_eq(tg_tape_node_count(t), 0);
+    cr_assert_eq(tg_backward(loss), TG_ERR_STALE);
+    val[0] = tg_full(TG_F64, 2, SHAPE(2, 3), 0.0);
+    cr_assert_eq(tg_tape_replay(t, 1, in, val), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    cr_assert_float_eq(first(tg_grad(w)), 1.0, 0.0);
+
+    tg_tape_free(t);
+    tg_tape_free(other);
+    tg_tape_free(plain);
+    tg_scope_end();
+    tg_error_clear();
+    tu_expect_no_leaks(mem0);
+}
