@@ -342,6 +342,10 @@ int bench_hvp(const bench_opts *o, const bench_workload *wl, bench_hvp_result *r
               size_t errlen);
 /* Runs it on mlp and elementwise and prints the table; 0 or 1 (a failure). */
 int bench_hvp_cli(const bench_opts *o);
+/* ---- replay.c: `tapegrad bench replay`: recording a step again against
+ * tg_tape_replay on the chain, tiny and mlp. */
+int bench_replay_cli(const bench_opts *o);
+
 /* ---- scale.c: `tapegrad bench scale`: the chain at 10^2..10^6 ops (per-op
  * time, page faults, resident bytes). 0 on success. */
 int bench_scale_cli(const bench_opts *o);

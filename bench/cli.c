@@ -13,16 +13,19 @@ void bench_cli_usage(FILE *f, const char *prog)
             "       %*s [--quick] [--dot FILE]\n"
             "       %s hvp [--quick] [--threads N]\n"
             "       %s scale [--quick]\n"
+            "       %s replay [--quick]\n"
             "       %s dp [--quick] [--workers N]\n"
             "       mpirun -np N %s dp --mpi [--quick]\n"
             "workloads (default: all, in this order):\n",
-            prog, (int)strlen(prog), "", prog, prog, prog, prog);
+            prog, (int)strlen(prog), "", prog, prog, prog, prog, prog);
     for (int i = 0; bench_workloads[i]; i++)
         fprintf(f, "  %-12s %s\n", bench_workloads[i]->name, bench_workloads[i]->desc);
     fprintf(f, "  hvp          (alone) a Hessian-vector product of the mlp and elementwise\n"
                "               losses, as a ratio to their fwd+bwd in the same rounds\n");
     fprintf(f, "  scale        (alone) the chain at 10^2..10^6 ops: ns/op, page faults per op,\n"
                "               resident bytes per op (--quick: up to 10^4)\n");
+    fprintf(f, "  replay       (alone) a step recorded again against tg_tape_replay of one\n"
+               "               record, on the chain, tiny and mlp: ns per step and per op\n");
     fprintf(f, "  dp           (alone) data-parallel train steps of the mlp and the lstm on 1..N\n"
                "               worker threads (--workers N, default 2), samples/s and ratios;\n"
                "               with --mpi, under mpirun, across the MPI ranks against one\n"
@@ -101,6 +104,7 @@ int bench_cli(const char *prog, int argc, char **argv)
     int nsel = 0;
     bool hvp = false; /* `hvp`: the second-order table (hvp.c) instead */
     bool scale = false; /* `scale`: the tape-length table (scale.c) instead */
+    bool replay = false; /* `replay`: record against replay (replay.c) instead */
     bool dp = false;  /* `dp`: the data-parallel table (dp.c) instead */
     int workers = 2;
     bool mpi = false; /* dp --mpi: across MPI ranks instead of threads */
@@ -155,6 +159,8 @@ int bench_cli(const char *prog, int argc, char **argv)
             hvp = true;
         } else if (strcmp(a, "scale") == 0) {
             scale = true;
+        } else if (strcmp(a, "replay") == 0) {
+            replay = true;
         } else if (strcmp(a, "dp") == 0) {
             dp = true;
         } else {
@@ -169,6 +175,15 @@ int bench_cli(const char *prog, int argc, char **argv)
                 dup |= sel[k] == w;
             if (!dup && nsel < (int)(sizeof sel / sizeof sel[0])) sel[nsel++] = w;
         }
+    }
+    if (replay) {
+        if (scale || hvp || dp || mpi || nsel || json || o.profile || o.dot_path || o.threads ||
+            o.policy != BENCH_POLICY_NONE) {
+            fprintf(stderr, "%s: replay runs alone (with --quick only)\n", prog);
+            return 2;
+        }
+        bench_opts bo = {.quick = o.quick};
+        return bench_replay_cli(&bo);
     }
     if (scale) {
         if (hvp || dp || mpi || nsel || json || o.profile || o.dot_path || o.threads ||

@@ -19,10 +19,11 @@ tg_tensor *tg__contiguous_raw(tg_tensor *t)
  * Sets tracked[i] and *tape. Inlined into tg_op_call: the loops are over
  * at most TG_OP_MAX_INPUTS inputs. */
 static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, bool *tracked,
-                                 tg_tape **tape, tg_tape **replay)
+                                 tg_tape **tape, tg_tape **replay, unsigned *needs)
 {
     *tape = NULL;
     *replay = NULL;
+    *needs = 0;
     for (int i = 0; i < n; i++)
         if (!in[i]) return tg__err_null(op->name, i + 1);
     if (!(op->flags & TG_OP_MIXED_BACKENDS)) {
@@ -52,12 +53,14 @@ static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, b
                                         "than an earlier argument)", i + 1, op->name);
         *tape = t->tape;
         tracked[i] = true;
+        *needs |= (unsigned)!t->nograd << i;
     }
     if (*tape && !op->backward) {
         int first = 0;
         while (first < n && !(tracked[first] && !in[first]->nograd)) first++;
         if (first == n) { /* replay inputs only: no gradient to take */
             for (int i = 0; i < n; i++) tracked[i] = false;
+            *needs = 0;
             *replay = (*tape)->opts.replay && !(*tape)->replaying ? *tape : NULL;
             *tape = NULL;
             return TG_OK;
@@ -96,7 +99,8 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     if (tg__replica_active && n > 0) in = tg__replica_args(tg__replica_active, n, in, sub);
     bool tracked[TG_OP_MAX_INPUTS];
     tg_tape *tape, *replay;
-    if (validate(op, n, in, tracked, &tape, &replay)) return NULL;
+    unsigned needs;
+    if (validate(op, n, in, tracked, &tape, &replay, &needs)) return NULL;
 
     tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec;
     for (int i = 0; i < n; i++) tg__spec_of(in[i], &in_spec[i]);
@@ -127,9 +131,6 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     }
     tg_tensor *extra[TG_OP_MAX_EXTRA] = {0};
     int nextra = 0;
-    unsigned needs = 0;
-    for (int i = 0; i < n; i++)
-        if (tracked[i] && !in[i]->nograd) needs |= 1u << i;
     tg_op_ctx ctx = tg__op_ctx(op, attrs, n, args, in_spec, NULL, &out_spec,
                                n ? in[0]->backend : tg_default_backend(), needs, extra, &nextra,
                                true);
