@@ -115,7 +115,8 @@ tg_status tg_tape_input(tg_tape *tape, tg_tensor *t)
 {
     if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'tape_input' (NULL tape)");
     if (!t) return tg__err_null("tape_input", 2);
-    if (tape->dead) return tg__err(TG_ERR_STALE, "bad argument #1 to 'tape_input' (tape was freed)");
+    if (tape->dead)
+        return tg__err(TG_ERR_STALE, "bad argument #1 to 'tape_input' (tape was freed)");
     if (!tape->opts.replay)
         return tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_input' (the tape was made "
                                        "without opts.replay)");
@@ -135,14 +136,7 @@ tg_status tg_tape_input(tg_tape *tape, tg_tensor *t)
         return tg__err(TG_ERR_INVALID, "bad argument #2 to 'tape_input' (a strided view; "
                                        "replay writes new values into the input: pass a "
                                        "contiguous tensor)");
-    if (t->tape) tg__tape_unref(t->tape);
-    tg__tape_ref(tape);
-    t->tape = tape;
-    t->is_leaf = true;
-    t->nograd = true;
-    t->node = -1;
-    t->gen = 0;
-    t->slot = -1;
+    tg__tape_adopt_leaf(tape, t, true);
     return TG_OK;
 }
 

@@ -177,6 +177,18 @@ bool tg_tensor_is_leaf(const tg_tensor *t)
     return t && t->is_leaf;
 }
 
+void tg__tape_adopt_leaf(tg_tape *tape, tg_tensor *t, bool nograd)
+{
+    if (t->tape) tg__tape_unref(t->tape);
+    tg__tape_ref(tape);
+    t->tape = tape;
+    t->is_leaf = true;
+    t->nograd = nograd;
+    t->node = -1;
+    t->gen = 0; /* no slot yet */
+    t->slot = -1;
+}
+
 tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t)
 {
     if (!tape) return tg__err(TG_ERR_NULL, "bad argument #1 to 'requires_grad' (NULL tape)");
@@ -197,14 +209,7 @@ tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t)
             return tg__err(TG_ERR_TAPE, "bad argument #2 to 'requires_grad' (already a leaf of "
                                         "another tape)");
     }
-    if (t->tape) tg__tape_unref(t->tape);
-    tg__tape_ref(tape);
-    t->tape = tape;
-    t->is_leaf = true;
-    t->nograd = false;
-    t->node = -1;
-    t->gen = 0; /* no slot yet */
-    t->slot = -1;
+    tg__tape_adopt_leaf(tape, t, false);
     return TG_OK;
 }
 

@@ -238,6 +238,9 @@ TG_INTERNAL tg_status tg__tape_check_writes(struct tg_tape *tape, int64_t top);
  * so that backward can re-run it from what it keeps. */
 TG_INTERNAL bool tg__node_keeps_inputs(const tg_node *n);
 TG_INTERNAL void tg__tape_ref(struct tg_tape *tape);
+/* Makes t a leaf of tape (dropping its hold on any earlier tape): with a
+ * gradient (tg_requires_grad) or without (nograd: tg_tape_input). */
+TG_INTERNAL void tg__tape_adopt_leaf(struct tg_tape *tape, tg_tensor *t, bool nograd);
 /* Replay (replay.c). Appends the call out = op(in) to the tape's program
  * (record: whether it was recorded as a node; tracked: dispatch's). */
 TG_INTERNAL tg_status tg__replay_capture(struct tg_tape *tape, const tg_op *op,
