@@ -350,3 +350,35 @@ Test(replay, misuse)
     tg_error_clear();
     tu_expect_no_leaks(mem0);
 }
+
+/* A create_graph backward records its own ops, which are not part of the
+ * forward: the program must not grow, not even by the comparisons such a
+ * backward makes (softplus's backward masks with tg_gt), and a replay
+ * after it must still work. (Ops the user then records on the tracked
+ * gradient do join the program: they are the user's forward.) */
+Test(replay, create_graph_backward_leaves_the_program_alone)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_scope_begin();
+    tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true});
+    tg_tensor *w = tg_full(TG_F64, 1, SHAPE(4), 0.5);
+    tg_tensor *x = tg_full(TG_F64, 1, SHAPE(4), 1.0);
+    cr_assert_eq(tg_requires_grad(t, w), TG_OK);
+    cr_assert_eq(tg_tape_input(t, x), TG_OK);
+    tg_tensor *loss = tg_sum(tg_softplus(tg_mul(x, w), 1.0, 20.0));
+    cr_assert_not_null(loss, "%s", tg_last_error_message());
+    int64_t steps = tg_tape_replay_steps(t);
+    tg_tensor *g = NULL;
+    cr_assert_eq(tg_grad_of(1, &loss, NULL, 1, &w, &g, &(tg_grad_opts){.create_graph = true}),
+                 TG_OK, "%s", tg_last_error_message());
+    cr_assert(tg_tensor_requires_grad(g));
+    cr_assert_eq(tg_tape_replay_steps(t), steps);
+    cr_assert_eq(tg_tape_replay(t, 1, &x, NULL), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tape_replay_steps(t), steps);
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    double s = 1.0 / (1.0 + exp(-0.5)); /* d softplus(x w) / dw = x sigmoid(x w) */
+    cr_assert_float_eq(first(tg_grad(w)), s, 1e-15);
+    tg_tape_free(t);
+    tg_scope_end();
+    tu_expect_no_leaks(mem0);
+}

@@ -61,7 +61,7 @@ static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, b
         if (first == n) { /* replay inputs only: no gradient to take */
             for (int i = 0; i < n; i++) tracked[i] = false;
             *needs = 0;
-            *replay = (*tape)->opts.replay && !(*tape)->replaying ? *tape : NULL;
+            *replay = tg__replay_capturing(*tape) ? *tape : NULL;
             *tape = NULL;
             return TG_OK;
         }
@@ -167,7 +167,7 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
                 tg__profile_forward(tape, op, elapsed,
                                     tape->saved_bytes > saved_before
                                         ? tape->saved_bytes - saved_before : 0);
-            if (tape->opts.replay && !tape->replaying && !tg__backward_of) replay = tape;
+            if (tg__replay_capturing(tape)) replay = tape;
         }
     }
     if (out && replay &&

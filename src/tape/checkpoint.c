@@ -319,7 +319,7 @@ tg_status tg_checkpoint_begin(tg_tape *tape)
 {
     tg_status st = tg__tape_check(tape, "checkpoint_begin");
     if (st) return st;
-    if (tape->opts.replay && !tape->replaying && (st = tg__replay_mark(tape, true))) return st;
+    if (tg__replay_capturing(tape) && (st = tg__replay_mark(tape, true))) return st;
     if (tape->segment_depth++ == 0) tape->segment_id = ++tape->nsegments;
     return TG_OK;
 }
@@ -330,7 +330,7 @@ tg_status tg_checkpoint_end(tg_tape *tape)
     if (tape->segment_depth == 0)
         return tg__err(TG_ERR_INVALID, "tg_checkpoint_end without a matching tg_checkpoint_begin");
     tg_status st;
-    if (tape->opts.replay && !tape->replaying && (st = tg__replay_mark(tape, false))) return st;
+    if (tg__replay_capturing(tape) && (st = tg__replay_mark(tape, false))) return st;
     if (--tape->segment_depth == 0) tape->segment_id = 0;
     return TG_OK;
 }

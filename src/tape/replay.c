@@ -93,7 +93,7 @@ tg_tape *tg__replay_tape_of(int n, tg_tensor *const *in)
 {
     for (int i = 0; i < n; i++) {
         tg_tape *t = in[i]->tape;
-        if (t && t->opts.replay && !t->replaying && !t->dead && tg__tensor_live(in[i])) return t;
+        if (t && tg__replay_capturing(t) && tg__tensor_live(in[i])) return t;
     }
     return NULL;
 }

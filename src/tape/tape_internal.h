@@ -246,10 +246,17 @@ TG_INTERNAL void tg__tape_adopt_leaf(struct tg_tape *tape, tg_tensor *t, bool no
 TG_INTERNAL tg_status tg__replay_capture(struct tg_tape *tape, const tg_op *op,
                                          const tg_op_attrs *attrs, int nin, tg_tensor *const *in,
                                          const bool *tracked, tg_tensor *out, bool record);
+/* Whether what happens on tape now goes into its replay program: a tape
+ * made with opts.replay, not re-running its program, and not inside a
+ * create_graph backward (whose ops are not the forward's). */
+static inline bool tg__replay_capturing(const struct tg_tape *tape)
+{
+    return tape->opts.replay && !tape->replaying && !tg__backward_of;
+}
 /* Appends a checkpoint segment's begin (or end) to the program. */
 TG_INTERNAL tg_status tg__replay_mark(struct tg_tape *tape, bool begin);
-/* The live replay tape among in[0..n) (an input tracked by a tape made
- * with opts.replay, not replaying), or NULL: dispatch's test for calls
+/* The live replay tape among in[0..n) (an input tracked by a tape that
+ * tg__replay_capturing), or NULL: dispatch's test for calls
  * it does not record (nondifferentiable ops) but a replay must re-run. */
 TG_INTERNAL struct tg_tape *tg__replay_tape_of(int n, tg_tensor *const *in);
 /* Frees the program (tg_tape_reset, tg_tape_free). */
