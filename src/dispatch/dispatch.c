@@ -56,15 +56,14 @@ static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, b
         *needs |= (unsigned)!t->nograd << i;
     }
     if (*tape && !op->backward) {
-        int first = 0;
-        while (first < n && !(tracked[first] && !in[first]->nograd)) first++;
-        if (first == n) { /* replay inputs only: no gradient to take */
+        if (!*needs) { /* replay inputs only: no gradient to take */
             for (int i = 0; i < n; i++) tracked[i] = false;
-            *needs = 0;
             *replay = tg__replay_capturing(*tape) ? *tape : NULL;
             *tape = NULL;
             return TG_OK;
         }
+        int first = 0; /* the first input that needs a gradient */
+        while (!(*needs & (1u << first))) first++;
         if (tg__backward_of)
             return tg__err(TG_ERR_NOT_DIFFERENTIABLE,
                            "op '%s' is not marked for autodiff: input %d requires grad, in the "
@@ -111,24 +110,9 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
         return NULL;
     }
 
-    /* Forward reads contiguous inputs: the caller's own tensors where they
-     * are (borrowed: the caller holds them for the call), copies of
-     * strided views (owned, bit i of copied). */
     tg_tensor *args[TG_OP_MAX_INPUTS];
-    unsigned copied = 0;
-    for (int i = 0; i < n; i++) {
-        if (in[i]->contiguous || (op->flags & TG_OP_STRIDED_INPUTS)) {
-            args[i] = in[i];
-            continue;
-        }
-        args[i] = tg__contiguous_raw(in[i]);
-        if (!args[i]) {
-            while (i--)
-                if (copied & (1u << i)) tg_tensor_release(args[i]);
-            return NULL;
-        }
-        copied |= 1u << i;
-    }
+    unsigned copied;
+    if (tg__op_args(op, n, in, args, &copied)) return NULL;
     tg_tensor *extra[TG_OP_MAX_EXTRA] = {0};
     int nextra = 0;
     tg_op_ctx ctx = tg__op_ctx(op, attrs, n, args, in_spec, NULL, &out_spec,
@@ -177,9 +161,7 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     }
     if (!out && tg_last_error() == TG_OK) tg__err(TG_ERR_INTERNAL, "forward of '%s' failed", op->name);
     for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);
-    if (copied)
-        for (int i = 0; i < n; i++)
-            if (copied & (1u << i)) tg_tensor_release(args[i]);
+    tg__op_args_release(n, args, copied);
     return tg__scope_track(out);
 }
 

@@ -43,4 +43,36 @@ TG_INTERNAL tg_tensor *tg__call2(const tg_op *op, tg_tensor *a, tg_tensor *b,
  * to t itself when it is already contiguous. */
 TG_INTERNAL tg_tensor *tg__contiguous_raw(tg_tensor *t);
 
+/* Releases the copies among args[0..n) (bit i of copied). */
+static inline void tg__op_args_release(int n, tg_tensor **args, unsigned copied)
+{
+    if (!copied) return;
+    for (int i = 0; i < n; i++)
+        if (copied & (1u << i)) tg_tensor_release(args[i]);
+}
+
+/* What op's forward reads for in[0..n): contiguous inputs, so the
+ * caller's own tensors where they are (borrowed: the caller holds them for
+ * the call) and copies of strided views (owned, bit i of *copied), unless
+ * the op takes strided inputs. Dispatch and replay (tape/replay.c) both
+ * call it. On failure the copies made are released, the error recorded. */
+static TG_ALWAYS_INLINE tg_status tg__op_args(const tg_op *op, int n, tg_tensor *const *in,
+                                              tg_tensor **args, unsigned *copied)
+{
+    *copied = 0;
+    for (int i = 0; i < n; i++) {
+        if (in[i]->contiguous || (op->flags & TG_OP_STRIDED_INPUTS)) {
+            args[i] = in[i];
+            continue;
+        }
+        args[i] = tg__contiguous_raw(in[i]);
+        if (!args[i]) {
+            tg__op_args_release(i, args, *copied);
+            return tg_last_error() ? tg_last_error() : TG_ERR_NOMEM;
+        }
+        *copied |= 1u << i;
+    }
+    return TG_OK;
+}
+
 #endif

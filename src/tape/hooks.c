@@ -25,23 +25,13 @@ struct tg__leaf_hook {
     void *ud;
 };
 
+#define HOOKS "the tape's hooks" /* for tg__tape_grow's message */
+
 struct tg__packed {
     int64_t node;
     int which; /* input index, or nin for the output */
     void *h;
 };
-
-static tg_status grow(void **arr, int64_t *cap, int64_t need, size_t size)
-{
-    if (need <= *cap) return TG_OK;
-    int64_t c = *cap ? *cap * 2 : 16;
-    while (c < need) c *= 2;
-    void *p = realloc(*arr, (size_t)c * size);
-    if (!p) return tg__err(TG_ERR_NOMEM, "out of memory for the tape's hooks");
-    *arr = p;
-    *cap = c;
-    return TG_OK;
-}
 
 static tg_status check_live(const tg_tensor *t, const char *op)
 {
@@ -62,7 +52,8 @@ tg_status tg_tensor_hook_add(tg_tensor *t, tg_grad_hook fn, void *userdata)
     int32_t slot = tg__tape_slot(t);
     if (slot < 0) return TG_ERR_NOMEM;
     int64_t cap = tape->caphooks;
-    st = grow((void **)&tape->hooks, &cap, tape->nhooks + 1, sizeof *tape->hooks);
+    st = tg__tape_grow((void **)&tape->hooks, &cap, tape->nhooks + 1, sizeof *tape->hooks,
+                       HOOKS);
     if (st) return st;
     tape->caphooks = (int32_t)cap;
     tape->hooks[tape->nhooks++] = (struct tg__grad_hook){
@@ -82,7 +73,8 @@ tg_status tg_leaf_hook_add(tg_tensor *leaf, tg_leaf_hook fn, void *userdata)
     if (!fn) return tg__err_null("leaf_hook_add", 2);
     tg_tape *tape = leaf->tape;
     int64_t cap = tape->capleaf_hooks;
-    st = grow((void **)&tape->leaf_hooks, &cap, tape->nleaf_hooks + 1, sizeof *tape->leaf_hooks);
+    st = tg__tape_grow((void **)&tape->leaf_hooks, &cap, tape->nleaf_hooks + 1,
+                       sizeof *tape->leaf_hooks, HOOKS);
     if (st) return st;
     tape->capleaf_hooks = (int32_t)cap;
     tape->leaf_hooks[tape->nleaf_hooks++] =
@@ -199,8 +191,8 @@ tg_status tg__hooks_file(tg_tape *tape, int64_t idx, int nin, void **handles, un
 {
     int n = 0;
     for (int i = 0; i <= nin; i++) n += (mask >> i) & 1u;
-    tg_status st = grow((void **)&tape->packs, &tape->cappacks, tape->npacks + n,
-                        sizeof *tape->packs);
+    tg_status st = tg__tape_grow((void **)&tape->packs, &tape->cappacks, tape->npacks + n,
+                                 sizeof *tape->packs, HOOKS);
     if (st) {
         for (int i = 0; i <= nin; i++)
             if (mask & (1u << i)) tape->pfree(handles[i], tape->pack_ud);

@@ -44,16 +44,9 @@ typedef struct tg__replay_op {
 
 static tg__replay_op *prog_push(tg_tape *tape)
 {
-    if (tape->nprog == tape->capprog) {
-        int64_t cap = tape->capprog ? tape->capprog * 2 : 64;
-        tg__replay_op *p = realloc(tape->prog, (size_t)cap * sizeof *p);
-        if (!p) {
-            tg__err(TG_ERR_NOMEM, "out of memory growing the tape's replay program");
-            return NULL;
-        }
-        tape->prog = p;
-        tape->capprog = cap;
-    }
+    if (tg__tape_grow((void **)&tape->prog, &tape->capprog, tape->nprog + 1, sizeof *tape->prog,
+                      "the tape's replay program"))
+        return NULL;
     tg__replay_op *e = &tape->prog[tape->nprog++];
     memset(e, 0, sizeof *e);
     e->label = tape->cur_label;
@@ -73,7 +66,7 @@ tg_status tg__replay_capture(tg_tape *tape, const tg_op *op, const tg_op_attrs *
     e->record = record;
     for (int i = 0; i < nin; i++) {
         e->in[i] = tg_tensor_retain(in[i]);
-        e->tracked[i] = tracked ? tracked[i] : false;
+        e->tracked[i] = tracked[i];
         if (in[i]->storage == out->storage) e->view = true;
     }
     e->out = tg_tensor_retain(out);
@@ -140,17 +133,11 @@ tg_status tg_tape_input(tg_tape *tape, tg_tensor *t)
     return TG_OK;
 }
 
-/* Writes src's elements into the input dst (same dtype and shape). */
-static void copy_into(tg_tensor *dst, tg_tensor *src)
+/* Writes src's elements into dst, contiguous, of src's dtype and shape. */
+static tg_status copy_elems(tg_tensor *dst, const tg_tensor *src)
 {
-    size_t es = tg_dtype_size(src->dtype);
-    if (src->contiguous)
-        memcpy(tg__tensor_ptr(dst), tg__tensor_ptr(src), (size_t)src->numel * es);
-    else
-        TG_KERNEL(tg_copy_strided_fn, TG_K_COPY_STRIDED, src)(src->ndim, src->shape, src->strides,
-                                                             tg__tensor_ptr(src),
-                                                             tg__tensor_ptr(dst), es);
-    tg__tensor_written(dst);
+    return tg_tensor_copy_out(src, tg__tensor_ptr(dst),
+                              (size_t)dst->numel * tg_dtype_size(dst->dtype));
 }
 
 static tg_status check_values(tg_tape *tape, int n, tg_tensor *const *inputs,
@@ -195,8 +182,7 @@ static tg_status run_step(tg_tape *tape, tg__replay_op *e)
     int n = e->nin;
     tg_spec in_spec[TG_OP_MAX_INPUTS];
     tg_tensor *args[TG_OP_MAX_INPUTS];
-    unsigned copied = 0, needs = 0;
-    tg_status st = TG_OK;
+    unsigned copied, needs = 0;
     for (int i = 0; i < n; i++) {
         tg_tensor *t = e->in[i];
         if (e->tracked[i] && !tg__tensor_live(t))
@@ -204,15 +190,9 @@ static tg_status run_step(tg_tape *tape, tg__replay_op *e)
                                          "(made outside the recorded forward?)", i + 1, op->name);
         if (e->tracked[i] && !t->nograd) needs |= 1u << i;
         tg__spec_of(t, &in_spec[i]);
-        args[i] = t;
-        if (!t->contiguous && !(op->flags & TG_OP_STRIDED_INPUTS)) {
-            if (!(args[i] = tg__contiguous_raw(t))) {
-                st = tg_last_error();
-                goto out;
-            }
-            copied |= 1u << i;
-        }
     }
+    tg_status st = tg__op_args(op, n, e->in, args, &copied);
+    if (st) return st;
     tg_tensor *extra[TG_OP_MAX_EXTRA] = {0};
     int nextra = 0;
     tg_op_ctx ctx = tg__op_ctx(op, &e->attrs, n, args, in_spec, NULL, &e->out_spec,
@@ -242,17 +222,10 @@ static tg_status run_step(tg_tape *tape, tg__replay_op *e)
                                           "output as it did when recorded", op->name);
             goto drop;
         }
-        if (!e->view) {
-            if (y->contiguous)
-                memcpy(tg__tensor_ptr(e->out), tg__tensor_ptr(y),
-                       (size_t)y->numel * tg_dtype_size(y->dtype));
-            else
-                TG_KERNEL(tg_copy_strided_fn, TG_K_COPY_STRIDED, y)(
-                    y->ndim, y->shape, y->strides, tg__tensor_ptr(y), tg__tensor_ptr(e->out),
-                    tg_dtype_size(y->dtype));
-        }
+        if (!e->view) st = copy_elems(e->out, y);
     }
     tg_tensor_release(y);
+    if (st) goto drop;
     if (tape->opts.anomaly && e->record && (st = tg__anomaly_forward(tape, op, n, e->in, e->out)))
         goto drop;
     if (e->record) {
@@ -269,9 +242,7 @@ static tg_status run_step(tg_tape *tape, tg__replay_op *e)
     }
 drop:
     for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);
-out:
-    for (int i = 0; i < n; i++)
-        if (copied & (1u << i)) tg_tensor_release(args[i]);
+    tg__op_args_release(n, args, copied);
     return st;
 }
 
@@ -292,8 +263,11 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
         return tg__err(TG_ERR_INVALID, "bad argument #1 to 'tape_replay' (nothing recorded to "
                                        "replay: record the forward once first)");
     if ((st = check_values(tape, n, inputs, values))) return st;
-    for (int k = 0; k < n && values; k++)
-        if (values[k] != inputs[k]) copy_into(inputs[k], values[k]);
+    for (int k = 0; k < n && values; k++) {
+        if (values[k] == inputs[k]) continue;
+        if ((st = copy_elems(inputs[k], values[k]))) return st;
+        tg__tensor_written(inputs[k]);
+    }
     tg__tape_reset_record(tape);
     tape->replaying = true;
     int32_t label = tape->cur_label;

@@ -177,6 +177,18 @@ bool tg_tensor_is_leaf(const tg_tensor *t)
     return t && t->is_leaf;
 }
 
+tg_status tg__tape_grow(void **arr, int64_t *cap, int64_t need, size_t size, const char *what)
+{
+    if (need <= *cap) return TG_OK;
+    int64_t c = *cap ? *cap * 2 : 16;
+    while (c < need) c *= 2;
+    void *p = realloc(*arr, (size_t)c * size);
+    if (!p) return tg__err(TG_ERR_NOMEM, "out of memory for %s", what);
+    *arr = p;
+    *cap = c;
+    return TG_OK;
+}
+
 void tg__tape_adopt_leaf(tg_tape *tape, tg_tensor *t, bool nograd)
 {
     if (t->tape) tg__tape_unref(t->tape);

@@ -238,6 +238,10 @@ TG_INTERNAL tg_status tg__tape_check_writes(struct tg_tape *tape, int64_t top);
  * so that backward can re-run it from what it keeps. */
 TG_INTERNAL bool tg__node_keeps_inputs(const tg_node *n);
 TG_INTERNAL void tg__tape_ref(struct tg_tape *tape);
+/* Makes room for need elements of size bytes in *arr (capacity *cap,
+ * doubled from 16): TG_ERR_NOMEM naming what on failure, nothing changed. */
+TG_INTERNAL tg_status tg__tape_grow(void **arr, int64_t *cap, int64_t need, size_t size,
+                                    const char *what);
 /* Makes t a leaf of tape (dropping its hold on any earlier tape): with a
  * gradient (tg_requires_grad) or without (nograd: tg_tape_input). */
 TG_INTERNAL void tg__tape_adopt_leaf(struct tg_tape *tape, tg_tensor *t, bool nograd);
