@@ -176,23 +176,16 @@ int bench_cli(const char *prog, int argc, char **argv)
             if (!dup && nsel < (int)(sizeof sel / sizeof sel[0])) sel[nsel++] = w;
         }
     }
-    if (replay) {
-        if (scale || hvp || dp || mpi || nsel || json || o.profile || o.dot_path || o.threads ||
-            o.policy != BENCH_POLICY_NONE) {
-            fprintf(stderr, "%s: replay runs alone (with --quick only)\n", prog);
+    /* The tables that take --quick and nothing else. */
+    const char *alone = replay ? "replay" : scale ? "scale" : NULL;
+    if (alone) {
+        if ((replay && scale) || hvp || dp || mpi || nsel || json || o.profile || o.dot_path ||
+            o.threads || o.policy != BENCH_POLICY_NONE) {
+            fprintf(stderr, "%s: %s runs alone (with --quick only)\n", prog, alone);
             return 2;
         }
         bench_opts bo = {.quick = o.quick};
-        return bench_replay_cli(&bo);
-    }
-    if (scale) {
-        if (hvp || dp || mpi || nsel || json || o.profile || o.dot_path || o.threads ||
-            o.policy != BENCH_POLICY_NONE) {
-            fprintf(stderr, "%s: scale runs alone (with --quick only)\n", prog);
-            return 2;
-        }
-        bench_opts bo = {.quick = o.quick};
-        return bench_scale_cli(&bo);
+        return replay ? bench_replay_cli(&bo) : bench_scale_cli(&bo);
     }
     if (mpi && !dp) {
         fprintf(stderr, "%s: --mpi goes with dp only (mpirun -np 2 %s dp --mpi)\n", prog, prog);

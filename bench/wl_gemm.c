@@ -54,11 +54,13 @@ static void stack_teardown(void *p)
     free(s);
 }
 
-/* The cross-entropy of the last layer's logits against the labels. */
-static tg_tensor *stack_loss(void *p, int layer, tg_tensor *logits)
+/* A container's last module: the cross-entropy of the logits against
+ * the labels *labels (userdata: the address of a workload's label field,
+ * filled in after the container is built). */
+static tg_tensor *ce_stage(void *labels, int layer, tg_tensor *logits)
 {
     (void)layer;
-    return tg_cross_entropy(logits, ((stack_st *)p)->y);
+    return tg_cross_entropy(logits, *(tg_tensor **)labels);
 }
 
 /* kaiming: He-normal weights and zero biases (the deep stack, which the
@@ -92,7 +94,7 @@ static void *stack_setup(int nl, const int *dims, int batch, bool ce, bool kaimi
              (!stack_relu(s, l) || !tg_sequential_add_map(s->seq, tg_relu));
     /* The loss as the last module, so that the model's output dies once
      * the loss has read it (the cross-entropy's labels are added below). */
-    if (ok) ok = !(ce ? tg_sequential_add_stage(s->seq, stack_loss, s)
+    if (ok) ok = !(ce ? tg_sequential_add_stage(s->seq, ce_stage, &s->y)
                       : tg_sequential_add_map(s->seq, tg_mean));
     if (ok) {
         s->x = ce ? tg_rand_uniform(&rng, TG_F32, 2, SHAPE(batch, dims[0]), 0, 1)
@@ -405,12 +407,6 @@ static void conv_teardown(void *p)
     free(s);
 }
 
-static tg_tensor *conv_loss(void *p, int layer, tg_tensor *logits)
-{
-    (void)layer;
-    return tg_cross_entropy(logits, ((conv_st *)p)->y);
-}
-
 static void *conv_setup(char *err, size_t errlen)
 {
     conv_st *s = calloc(1, sizeof *s);
@@ -425,7 +421,7 @@ static void *conv_setup(char *err, size_t errlen)
     if (s->seq && (tg_sequential_add_conv2d(s->seq, s->conv) ||
                    tg_sequential_add_map(s->seq, tg_relu) || tg_sequential_add_flatten(s->seq) ||
                    tg_sequential_add_linear(s->seq, s->fc) ||
-                   tg_sequential_add_stage(s->seq, conv_loss, s))) {
+                   tg_sequential_add_stage(s->seq, ce_stage, &s->y))) {
         tg_sequential_free(s->seq);
         s->seq = NULL;
     }
