@@ -269,6 +269,48 @@ Test(tape, reset_releases_nodes_and_leaves_keep_grads_and_are_reusable)
     tg_tape_free(tape);
 }
 
+/* The tape keeps each distinct spec once, across resets, until more than
+ * 65536 of them pile up; the reset after that forgets them all. A leaf
+ * recorded before (it remembers its spec's id) must then record afresh:
+ * with a stale id its gradient would come back with the wrong shape. */
+Test(tape, a_reset_after_many_distinct_shapes_keeps_leaves_recording_correctly)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = leaf(tape, 3, (const double[]){1, -2, 3});
+    tg_tensor *w = T64((2, 2), 1, 2, 3, 4);
+    cr_assert_eq(tg_requires_grad(tape, w), TG_OK);
+    cr_assert_eq(tg_backward(tg_add(tg_sum(tg_mul(x, x)), tg_sum(w))), TG_OK, "%s",
+                 tg_last_error_message());
+    tg_tape_reset(tape);
+    tg_grad_zero(x);
+    tg_grad_zero(w);
+    /* 70000 zero-element leaves of distinct shapes (0, k) */
+    for (int64_t k = 1; k <= 70000; k++) {
+        tg_scope_begin();
+        tg_tensor *z = tg_zeros(TG_F64, 2, (const int64_t[]){0, k});
+        cr_assert_eq(tg_requires_grad(tape, z), TG_OK);
+        cr_assert_not_null(tg_neg(z), "shape (0, %lld): %s", (long long)k, tg_last_error_message());
+        tg_scope_end();
+        if (k % 10000 == 0) tg_tape_reset(tape); /* the pool lives on: only a reset clears */
+    }
+    tg_tape_reset(tape); /* past 65536 specs: the pool is cleared */
+    /* x and w again: (0, 1) and (0, 2) now own the first ids */
+    tg_scope_begin();
+    tg_tensor *z = tg_zeros(TG_F64, 2, (const int64_t[]){0, 1});
+    cr_assert_eq(tg_requires_grad(tape, z), TG_OK);
+    cr_assert_not_null(tg_neg(z));
+    cr_assert_not_null(tg_neg(tg_zeros(TG_F64, 2, (const int64_t[]){0, 2})));
+    tg_scope_end();
+    tg_tensor *loss = tg_add(tg_sum(tg_mul(x, x)), tg_sum(tg_mul_scalar(w, 3.0)));
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    expect_grad(x, (const double[]){2, -4, 6}, 3);
+    tg_tensor *gw = tg_grad(w);
+    cr_assert_not_null(gw);
+    cr_assert_eq(tg_tensor_ndim(gw), 2);
+    tu_expect_values(gw, (const double[]){3, 3, 3, 3}, 4, 1e-12);
+    tg_tape_free(tape);
+}
+
 Test(tape, reset_frees_saved_tensor_memory)
 {
     tg_tape *tape = tg_tape_new(NULL);

@@ -74,6 +74,10 @@ struct tg_tensor {
     int64_t offset;               /* in elements, into storage */
     bool contiguous;
     bool scope_owned;
+    /* A tracked leaf's spec id in its tape's pool (tape/tape_internal.h),
+     * valid while spec_epoch is the tape's: recording a leaf then hashes
+     * nothing. 0 on a new header and on adoption by a tape. */
+    uint32_t spec_epoch;
     tg_storage *storage;
     /* autodiff state: tape != NULL for leaves and recorded results */
     struct tg_tape *tape;
@@ -86,6 +90,7 @@ struct tg_tensor {
      * result recorded from such inputs only. Ops on it are recorded (so
      * tg_tape_replay re-runs them) but no gradient flows to it. */
     bool nograd;
+    int32_t spec;    /* see spec_epoch */
     tg_tensor *grad; /* leaves: accumulated gradient */
     /* The storage of a tensor made by tg__tensor_empty, and its data when
      * small. A view points at its base's; the base's memory then lives

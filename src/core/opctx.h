@@ -9,6 +9,9 @@
 
 #define TG_OP_MAX_EXTRA 4
 
+/* All zero: the attrs of a call made without any (dispatch.c). */
+TG_INTERNAL extern const tg_op_attrs tg__zero_attrs;
+
 struct tg_op_ctx {
     const tg_op *op;
     const tg_op_attrs *attrs;

@@ -51,14 +51,17 @@ tg_status tg_scope_end(void)
         return TG_OK;
     }
     if (depth == 0) return tg__err(TG_ERR_SCOPE, "tg_scope_end without a matching tg_scope_begin");
-    size_t mark = marks()[--depth];
+    size_t mark = marks()[--depth], used = nitems;
     /* Release newest first, so results go before what they were built from. */
     while (nitems > mark) {
         tg_tensor *t = items[--nitems];
         t->scope_owned = false;
         tg_tensor_release(t);
     }
-    if (depth == 0 && capitems > 4096) {
+    /* A large list is kept while the outermost scopes fill a quarter of it
+     * (a training loop's steps: growing it again each step would map fresh
+     * pages, about 2 faults per thousand ops), freed after a smaller one. */
+    if (depth == 0 && capitems > 4096 && used < capitems / 4) {
         free(items);
         items = NULL;
         capitems = 0;

@@ -230,6 +230,7 @@ static tg_tensor *header_new(void)
     t->gen = 0;
     t->slot = -1;
     t->node = -1;
+    t->spec_epoch = 0;
     t->is_leaf = false;
     t->leaf_view = false;
     t->nograd = false;

@@ -76,9 +76,10 @@ static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in, b
     return TG_OK;
 }
 
+const tg_op_attrs tg__zero_attrs;
+
 tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_attrs *attrs)
 {
-    static const tg_op_attrs zero_attrs;
     if (!op) {
         tg__err(TG_ERR_NULL, "bad argument #1 to 'op_call' (NULL op)");
         return NULL;
@@ -93,7 +94,7 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
                 op->name, op->arity, n);
         return NULL;
     }
-    if (!attrs) attrs = &zero_attrs;
+    if (!attrs) attrs = &tg__zero_attrs;
     tg_tensor *sub[TG_OP_MAX_INPUTS];
     if (tg__replica_active && n > 0) in = tg__replica_args(tg__replica_active, n, in, sub);
     bool tracked[TG_OP_MAX_INPUTS];

@@ -23,9 +23,12 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     uint64_t ns = 0, *pns = s->tape->profiling ? &ns : NULL;
     tg_status st = s->tape->watch ? tg__hooks_node_pre(s->tape, idx, gout) : TG_OK;
     if (st) return st;
+    tg_spec spec_buf[TG_OP_MAX_INPUTS];
+    const tg_spec *in_spec = tg__node_in_specs(s->tape, n, spec_buf);
+    const tg_spec *out_spec = tg__node_out_spec(s->tape, n);
     if (!n->recompute) {
         int nextra = n->nextra;
-        st = tg__exec_backward(n, n->in_saved, n->in_spec, n->out_saved, &n->out_spec, n->extra,
+        st = tg__exec_backward(s->tape, n, n->in_saved, in_spec, n->out_saved, out_spec, n->extra,
                                &nextra, gout, dst, pns);
     } else {
         unsigned saves = n->op->saves;
@@ -38,8 +41,8 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
             st = tg__sweep_rematerialize(s, idx);
         if (!st) st = tg__sweep_input_args(s, n, saves, args);
         if (st) return st;
-        st = tg__exec_backward(n, args, n->in_spec, (saves & TG_SAVE_OUTPUT) ? out : NULL,
-                               &n->out_spec, s->extra[idx], &s->nextra[idx], gout, dst, pns);
+        st = tg__exec_backward(s->tape, n, args, in_spec, (saves & TG_SAVE_OUTPUT) ? out : NULL,
+                               out_spec, s->extra[idx], &s->nextra[idx], gout, dst, pns);
         for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
     }
     if (pns) tg__profile_backward(s->tape, n->op, ns);

@@ -309,7 +309,7 @@ void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const
             n->in_val[i] = in[i]; /* a leaf: the leaf list holds it */
         } else {
             n->in_val[i] = tg_tensor_retain(in[i]);
-            n->in_val_owned[i] = true;
+            n->in_val_owned |= (uint8_t)(1u << i);
             tg__tape_charge(tape, n, tg__kept_bytes(in[i]));
         }
     }

@@ -74,16 +74,18 @@ static inline tg_status tg__grad_accumulate(tg_tensor **dst, tg_tensor *src)
  * forward saves goes to extra (TG_OP_MAX_EXTRA slots), counted in
  * *nextra. ns: NULL, or (profiling) the forward's time is added to it.
  * *out: new reference; on failure NULL and the error is recorded. */
-static inline tg_status tg__exec_forward(const tg_node *n, tg_tensor *const *args, tg_tensor **extra,
-                           int *nextra, uint64_t *ns, tg_tensor **out)
+static inline tg_status tg__exec_forward(const struct tg_tape *tape, const tg_node *n,
+                                         tg_tensor *const *args, tg_tensor **extra, int *nextra,
+                                         uint64_t *ns, tg_tensor **out)
 {
+    const tg_op_attrs *attrs = tg__node_attrs(tape, n);
     tg_spec in_spec[TG_OP_MAX_INPUTS], out_spec = {0};
     for (int i = 0; i < n->nin; i++) tg__spec_of(args[i], &in_spec[i]);
     *out = NULL;
-    tg_status st = n->op->shape(n->op, &n->attrs, args, &out_spec);
+    tg_status st = n->op->shape(n->op, attrs, args, &out_spec);
     if (st) return st;
-    tg_op_ctx ctx = tg__op_ctx(n->op, &n->attrs, n->nin, args, in_spec, NULL, &out_spec,
-                               n->backend, tg__node_needs(n), extra, nextra, true);
+    tg_op_ctx ctx = tg__op_ctx(n->op, attrs, n->nin, args, in_spec, NULL, &out_spec,
+                               (tg_backend)n->backend, tg__node_needs(n), extra, nextra, true);
     uint64_t t0 = ns ? tg__now_ns() : 0;
     tg__in_op++;
     *out = n->op->forward(&ctx, args);
@@ -110,13 +112,13 @@ static inline tg_status tg__bad_grad(const tg_node *n, const tg_spec *want, cons
  * order. On failure nothing is accumulated into any dst (unless the
  * accumulation itself fails midway) and the error is recorded. ns: as in
  * tg__exec_forward, for the backward call. */
-static TG_ALWAYS_INLINE tg_status tg__exec_backward(const tg_node *n, tg_tensor *const *in, const tg_spec *in_spec,
+static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, const tg_node *n, tg_tensor *const *in, const tg_spec *in_spec,
                             tg_tensor *out, const tg_spec *out_spec, tg_tensor **extra,
                             int *nextra, tg_tensor *gout, tg_tensor **const *dst, uint64_t *ns)
 {
     unsigned needs = tg__node_needs(n);
     tg_tensor *gin[TG_OP_MAX_INPUTS] = {0};
-    tg_op_ctx ctx = tg__op_ctx(n->op, &n->attrs, n->nin, in, in_spec, out, out_spec, n->backend,
+    tg_op_ctx ctx = tg__op_ctx(n->op, tg__node_attrs(tape, n), n->nin, in, in_spec, out, out_spec, (tg_backend)n->backend,
                                needs, extra, nextra, false);
     tg_scope_begin();
     uint64_t t0 = ns ? tg__now_ns() : 0;

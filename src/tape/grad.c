@@ -130,8 +130,9 @@ static tg_status graph_node(graph_sweep *g, int64_t idx, tg_tensor *gout)
         uint64_t ns = 0, *pns = s->tape->profiling ? &ns : NULL;
         const char *outer = tg__backward_of;
         tg__backward_of = nd.op->name;
-        st = tg__exec_backward(&nd, args, nd.in_spec, out, &nd.out_spec, extra, &nextra, gout, dst,
-                               pns);
+        tg_spec spec_buf[TG_OP_MAX_INPUTS];
+        st = tg__exec_backward(s->tape, &nd, args, tg__node_in_specs(s->tape, &nd, spec_buf), out, tg__node_out_spec(s->tape, &nd),
+                               extra, &nextra, gout, dst, pns);
         tg__backward_of = outer;
         if (pns) tg__profile_backward(s->tape, nd.op, ns);
     }

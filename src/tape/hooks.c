@@ -215,7 +215,8 @@ tg_status tg__hooks_unpack(tg_tape *tape, int64_t top)
             continue;
         }
         tg_node *n = &tape->nodes[p->node];
-        const tg_spec *want = p->which < n->nin ? &n->in_spec[p->which] : &n->out_spec;
+        const tg_spec *want = p->which < n->nin ? tg__node_in_spec(tape, n, p->which)
+                                                : tg__node_out_spec(tape, n);
         tg_scope_begin();
         tg_tensor *t = tg_tensor_retain(tape->unpack(p->h, tape->pack_ud));
         tg_scope_end();
@@ -227,7 +228,7 @@ tg_status tg__hooks_unpack(tg_tape *tape, int64_t top)
             tape->packs[keep++] = *p;
             continue;
         }
-        if (t->dtype != want->dtype || t->backend != n->backend ||
+        if (t->dtype != want->dtype || t->backend != (tg_backend)n->backend ||
             !tg__same_shape(t->ndim, t->shape, want->ndim, want->shape)) {
             char a[96], b[96];
             st = tg__err(TG_ERR_SHAPE, "the tape's unpack hook gave %s %s for what '%s' (node %lld) "

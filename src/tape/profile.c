@@ -110,9 +110,9 @@ tg_status tg_tape_export_dot(const tg_tape *tape, const char *path)
     char buf[96];
     for (int64_t i = 0; i < tape->nnodes; i++) {
         const tg_node *n = &tape->nodes[i];
-        spec_str(&n->out_spec, buf, sizeof buf);
+        spec_str(tg__node_out_spec(tape, n), buf, sizeof buf);
         fprintf(f, "  n%lld [label=\"%s\\n%s %s\\nsaved %zu B%s\"%s];\n", (long long)i,
-                n->op->name, tg_dtype_name(n->out_spec.dtype), buf, n->saved_bytes,
+                n->op->name, tg_dtype_name(tg__node_out_spec(tape, n)->dtype), buf, n->saved_bytes,
                 n->recompute ? "\\nrecomputed" : "",
                 n->recompute ? ", style=dashed, color=darkorange" : "");
         for (int k = 0; k < n->nin; k++) {
@@ -120,7 +120,7 @@ tg_status tg_tape_export_dot(const tg_tape *tape, const char *path)
                 fprintf(f, "  n%lld -> n%lld;\n", (long long)n->in_node[k], (long long)i);
                 continue;
             }
-            spec_str(&n->in_spec[k], buf, sizeof buf);
+            spec_str(tg__node_in_spec(tape, n, k), buf, sizeof buf);
             bool leaf = n->in_slot[k] >= 0;
             fprintf(f, "  i%lld_%d [label=\"%s %s\", shape=%s];\n  i%lld_%d -> n%lld;\n",
                     (long long)i, k, leaf ? "leaf" : "input", buf, leaf ? "ellipse" : "note",

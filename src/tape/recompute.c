@@ -93,7 +93,7 @@ tg_status tg__sweep_rematerialize(sweep_state *s, int64_t j)
     if (st) return st;
     uint64_t ns = 0;
     bool prof = s->tape->profiling;
-    st = tg__exec_forward(n, args, s->extra[j], &s->nextra[j], prof ? &ns : NULL, &s->vals[j]);
+    st = tg__exec_forward(s->tape, n, args, s->extra[j], &s->nextra[j], prof ? &ns : NULL, &s->vals[j]);
     if (prof) tg__profile_recompute(s->tape, n->op, ns);
     if (!st) s->tape->recomputes++;
     for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);

@@ -36,7 +36,6 @@
 #include "core/pool.h"
 #include "tape/sweep.h"
 
-#define REGION_BLOCK_BYTES ((int64_t)64 << 10)
 
 static int64_t spec_numel(const tg_spec *sp)
 {
@@ -45,16 +44,17 @@ static int64_t spec_numel(const tg_spec *sp)
 
 static int64_t block_elems(tg_dtype dt)
 {
-    return REGION_BLOCK_BYTES / (int64_t)tg__esize(dt);
+    return TG_REGION_BLOCK_BYTES / (int64_t)tg__esize(dt);
 }
 
-static bool joins(const tg_node *n, tg_dtype dt, int64_t numel)
+static bool joins(const tg_tape *tape, const tg_node *n, tg_dtype dt, int64_t numel)
 {
     if (n->consumed || !(n->op->flags & TG_OP_POINTWISE) || !n->op->backward || n->remake_extra)
         return false;
-    if (n->out_spec.dtype != dt || spec_numel(&n->out_spec) != numel) return false;
+    const tg_spec *os = tg__node_out_spec(tape, n);
+    if (os->dtype != dt || spec_numel(os) != numel) return false;
     for (int i = 0; i < n->nin; i++) {
-        int64_t m = spec_numel(&n->in_spec[i]);
+        int64_t m = spec_numel(tg__node_in_spec(tape, n, i));
         if (m != numel && !(m == 1 && n->in_slot[i] < 0)) return false;
     }
     return true;
@@ -79,12 +79,13 @@ int64_t tg__region_find(sweep_state *s, int64_t top, int64_t *hoist, int *nhoist
 {
     tg_node *nodes = s->tape->nodes;
     const tg_node *n = &nodes[top];
-    tg_dtype dt = n->out_spec.dtype;
-    int64_t numel = spec_numel(&n->out_spec);
     *nhoist = 0;
     /* The size first: most small nodes stop there. */
+    if (!n->region_size) return top;
+    tg_dtype dt = tg__node_out_spec(s->tape, n)->dtype;
+    int64_t numel = spec_numel(tg__node_out_spec(s->tape, n));
     if (numel < 2 * block_elems(dt) || s->tape->opts.plain_backward || s->tape->opts.anomaly ||
-        s->tape->any_hooks || !joins(n, dt, numel))
+        s->tape->any_hooks || !joins(s->tape, n, dt, numel))
         return top;
     int64_t members[TG_REGION_SPAN];
     int nmem = 1, nh = 0;
@@ -92,7 +93,7 @@ int64_t tg__region_find(sweep_state *s, int64_t top, int64_t *hoist, int *nhoist
     int64_t lo = top;
     for (int64_t j = top - 1; j >= 0 && top - j < TG_REGION_SPAN; j--) {
         const tg_node *m = &nodes[j];
-        if (joins(m, dt, numel)) {
+        if (joins(s->tape, m, dt, numel)) {
             members[nmem++] = j;
             lo = j;
             continue;
@@ -235,8 +236,8 @@ static tg_status plan(region *r, tg_tensor *g)
                 memset(tg, 0, sizeof *tg);
                 tg->slot = n->in_slot[i];
                 tg_tensor *was = s->grads[tg->slot];
-                const tg_spec *sp = &n->in_spec[i];
-                tg->out = tg__tensor_empty(sp->dtype, sp->ndim, sp->shape, n->backend);
+                const tg_spec *sp = tg__node_in_spec(s->tape, n, i);
+                tg->out = tg__tensor_empty(sp->dtype, sp->ndim, sp->shape, (tg_backend)n->backend);
                 if (!tg->out) {
                     st = TG_ERR_NOMEM;
                     break;
@@ -286,7 +287,8 @@ static tg_status block_forward(region *r, rnode *rn, int64_t start, int64_t len)
     if (!st) {
         tg_tensor *extra[TG_OP_MAX_EXTRA];
         int nextra = 0;
-        st = tg__exec_forward(n, args, extra, &nextra, r->s->tape->profiling ? &rn->fwd_ns : NULL,
+        st = tg__exec_forward(r->s->tape, n, args, extra, &nextra,
+                              r->s->tape->profiling ? &rn->fwd_ns : NULL,
                               &rn->val);
         for (int k = 0; k < nextra; k++) tg_tensor_release(extra[k]);
     }
@@ -318,11 +320,12 @@ static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len
     tg__spec_of(rn->grad, &out_spec);
     tg_status st = TG_OK;
     for (int i = 0; i < n->nin; i++) {
-        if (spec_numel(&n->in_spec[i]) == 1 && r->numel > 1) {
-            in_spec[i] = n->in_spec[i];
+        const tg_spec *sp = tg__node_in_spec(r->s->tape, n, i);
+        if (spec_numel(sp) == 1 && r->numel > 1) {
+            in_spec[i] = *sp;
             in_spec[i].ndim = 0;
         } else {
-            in_spec[i] = (tg_spec){.dtype = n->in_spec[i].dtype, .ndim = 1, .shape = {len}};
+            in_spec[i] = (tg_spec){.dtype = sp->dtype, .ndim = 1, .shape = {len}};
         }
         dst[i] = n->in_slot[i] < 0 ? NULL
                  : rn->gdst[i] >= 0 ? &r->nodes[rn->gdst[i]].grad
@@ -333,7 +336,8 @@ static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len
     }
     int nextra = 0;
     if (!st)
-        st = tg__exec_backward(n, args, in_spec, (saves & TG_SAVE_OUTPUT) ? rn->val : NULL,
+        st = tg__exec_backward(r->s->tape, n, args, in_spec,
+                               (saves & TG_SAVE_OUTPUT) ? rn->val : NULL,
                                &out_spec, NULL, &nextra, rn->grad, dst,
                                r->s->tape->profiling ? &rn->bwd_ns : NULL);
     for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
@@ -490,13 +494,13 @@ tg_status tg__region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g)
     r->count = r->ntargets = r->nowned = 0;
     r->s = s;
     r->lo = lo;
-    r->dtype = tape->nodes[top].out_spec.dtype;
-    r->numel = spec_numel(&tape->nodes[top].out_spec);
+    r->dtype = tg__node_out_spec(tape, &tape->nodes[top])->dtype;
+    r->numel = spec_numel(tg__node_out_spec(tape, &tape->nodes[top]));
     /* The members, as tg__region_find chose them (hoisted nodes have run:
      * they are consumed or never qualified). */
     for (int64_t j = lo; j <= top; j++) {
         r->member[j - lo] = -1;
-        if (!joins(&tape->nodes[j], r->dtype, r->numel)) continue;
+        if (!joins(tape, &tape->nodes[j], r->dtype, r->numel)) continue;
         r->member[j - lo] = (int)r->count;
         memset(&r->nodes[r->count], 0, sizeof r->nodes[0]);
         r->nodes[r->count].n = &tape->nodes[j];

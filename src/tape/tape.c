@@ -53,12 +53,123 @@ tg_tape *tg_tape_new(const tg_tape_opts *opts)
     tape->opts = o;
     tape->watch = o.anomaly;
     tape->cur_label = -1;
+    tape->specs.size = sizeof(tg_spec);
+    tape->spec_epoch = 1;
+    tape->attrs.size = sizeof(tg_op_attrs);
     return tape;
 }
 
 void tg__tape_ref(tg_tape *tape)
 {
     tape->refcount++;
+}
+
+/* ---- interned pools (tape_internal.h) */
+
+/* docs/benchmarks.md "Tape length": at most 256 bytes per recorded op. */
+_Static_assert(sizeof(tg_node) <= 256, "a tape node outgrew 256 bytes");
+
+static uint32_t pool_hash(const void *rec, size_t size)
+{
+    const unsigned char *b = rec;
+    uint64_t h = 0x243f6a8885a308d3u, w;
+    for (size_t i = 0; i + 8 <= size; i += 8) {
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x9e3779b97f4a7c15u;
+    }
+    return (uint32_t)(h >> 32);
+}
+
+static void pool_free(tg__pool *p)
+{
+    for (int32_t i = 0; i < p->nchunks; i++) free(p->chunks[i]);
+    free(p->chunks);
+    free(p->table);
+}
+
+/* Forgets every record (the chunks stay for reuse). */
+static void pool_clear(tg__pool *p)
+{
+    p->n = 0;
+    if (p->table) memset(p->table, 0, (size_t)p->cap * sizeof *p->table);
+}
+
+static tg_status pool_rehash(tg__pool *p, uint32_t cap)
+{
+    int32_t *t = calloc(cap, sizeof *t);
+    if (!t) return tg__err(TG_ERR_NOMEM, "out of memory growing the tape's interned records");
+    for (int32_t id = 0; id < p->n; id++) {
+        uint32_t h = pool_hash(tg__pool_at(p, id, p->size), p->size) & (cap - 1);
+        while (t[h]) h = (h + 1) & (cap - 1);
+        t[h] = id + 1;
+    }
+    free(p->table);
+    p->table = t;
+    p->cap = cap;
+    return TG_OK;
+}
+
+/* The id of the record equal to rec (size bytes, padding zeroed), added if
+ * new; -1 with the error set when out of memory. */
+static int32_t pool_intern(tg__pool *p, const void *rec)
+{
+    if (((uint64_t)p->n + 1) * 2 > p->cap && pool_rehash(p, p->cap ? p->cap * 2 : 64))
+        return -1;
+    uint32_t h = pool_hash(rec, p->size) & (p->cap - 1);
+    for (; p->table[h]; h = (h + 1) & (p->cap - 1)) {
+        int32_t id = p->table[h] - 1;
+        if (memcmp(tg__pool_at(p, id, p->size), rec, p->size) == 0) return id;
+    }
+    if (p->n == INT32_MAX - 1) {
+        tg__err(TG_ERR_NOMEM, "too many distinct shapes on one tape");
+        return -1;
+    }
+    int32_t c = p->n / TG__POOL_CHUNK;
+    if (c == p->nchunks) {
+        unsigned char **cs = realloc(p->chunks, (size_t)(c + 1) * sizeof *cs);
+        unsigned char *chunk = cs ? malloc(TG__POOL_CHUNK * p->size) : NULL;
+        if (cs) p->chunks = cs;
+        if (!chunk) {
+            tg__err(TG_ERR_NOMEM, "out of memory growing the tape's interned records");
+            return -1;
+        }
+        p->chunks[p->nchunks++] = chunk;
+    }
+    int32_t id = p->n++;
+    memcpy((void *)tg__pool_at(p, id, p->size), rec, p->size);
+    p->table[h] = id + 1;
+    return id;
+}
+
+/* t's spec in the tape's pool, interned; -1 when out of memory. */
+static int32_t intern_spec(tg_tape *tape, const tg_tensor *t)
+{
+    tg_spec s;
+    memset(&s, 0, sizeof s);
+    s.dtype = t->dtype;
+    s.ndim = t->ndim;
+    memcpy(s.shape, t->shape, (size_t)t->ndim * sizeof s.shape[0]);
+    return pool_intern(&tape->specs, &s);
+}
+
+static inline bool spec_is(const tg_spec *s, const tg_tensor *t)
+{
+    return s->dtype == t->dtype && tg__same_shape(s->ndim, s->shape, t->ndim, t->shape);
+}
+
+/* attrs' id, -1 when all zero (most ops); -2 when out of memory. */
+static int32_t intern_attrs(tg_tape *tape, const tg_op_attrs *a)
+{
+    tg_op_attrs z;
+    memset(&z, 0, sizeof z); /* the padding too: records compare by bytes */
+    z.scalar = a->scalar;
+    memcpy(z.ints, a->ints, sizeof z.ints);
+    z.nints = a->nints;
+    z.flag = a->flag;
+    z.target = a->target;
+    if (memcmp(&z, &tg__zero_attrs, sizeof z) == 0) return -1;
+    int32_t id = pool_intern(&tape->attrs, &z);
+    return id < 0 ? -2 : id;
 }
 
 void tg__tape_unref(tg_tape *tape)
@@ -68,6 +179,8 @@ void tg__tape_unref(tg_tape *tape)
     tg__hooks_free(tape);
     for (int32_t i = 0; i < tape->nlabels; i++) free(tape->labels[i]);
     free(tape->labels);
+    pool_free(&tape->specs);
+    pool_free(&tape->attrs);
     free(tape->nodes);
     free(tape->leaves);
     free(tape->sweep_grads);
@@ -85,15 +198,16 @@ void tg__node_release_saved(tg_tape *tape, tg_node *n)
     tg_tensor_release(n->ckpt);
     n->ckpt = NULL;
     for (int i = 0; i < n->nin; i++) {
-        if (n->in_val_owned[i]) tg_tensor_release(n->in_val[i]);
+        if (n->in_val_owned & (1u << i)) tg_tensor_release(n->in_val[i]);
         n->in_val[i] = NULL;
-        n->in_val_owned[i] = false;
     }
-    for (int i = 0; i < n->nextra; i++) {
-        tg_tensor_release(n->extra[i]);
-        n->extra[i] = NULL;
+    n->in_val_owned = 0;
+    if (n->extra) {
+        for (int i = 0; i < n->nextra; i++) tg_tensor_release(n->extra[i]);
+        free(n->extra);
+        n->extra = NULL;
+        n->nextra = 0;
     }
-    n->nextra = 0;
     tape->saved_bytes -= n->saved_bytes;
     n->saved_bytes = 0;
     n->consumed = true;
@@ -114,6 +228,11 @@ void tg__tape_reset_record(tg_tape *tape)
     tg__hooks_drop_packed(tape);
     tg__hooks_reset(tape);
     tape->nnodes = 0;
+    if (tape->specs.n > TG__POOL_KEEP) {
+        pool_clear(&tape->specs);
+        tape->spec_epoch++; /* the leaves' cached ids */
+    }
+    if (tape->attrs.n > TG__POOL_KEEP) pool_clear(&tape->attrs);
     for (int32_t i = 0; i < tape->nleaves; i++) tg_tensor_release(tape->leaves[i]);
     tape->nleaves = 0;
     tape->nslots = 0;
@@ -199,6 +318,7 @@ void tg__tape_adopt_leaf(tg_tape *tape, tg_tensor *t, bool nograd)
     t->node = -1;
     t->gen = 0; /* no slot yet */
     t->slot = -1;
+    t->spec_epoch = 0;
 }
 
 tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t)
@@ -245,6 +365,23 @@ int32_t tg__tape_slot(tg_tensor *t)
     return t->slot;
 }
 
+/* Room for one more node, and *kept for its nextra extras (nextra > 0);
+ * TG_ERR_NOMEM (recorded) when either cannot be had. */
+static tg_status node_room(tg_tape *tape, int nextra, tg_tensor ***kept)
+{
+    if (tape->nnodes == tape->capnodes) {
+        int64_t cap = tape->capnodes ? tape->capnodes * 2 : 64;
+        if (cap > INT32_MAX) return tg__err(TG_ERR_NOMEM, "a tape holds at most 2^30 nodes");
+        tg_node *p = realloc(tape->nodes, (size_t)cap * sizeof *p);
+        if (!p) return tg__err(TG_ERR_NOMEM, "out of memory growing the tape");
+        tape->nodes = p;
+        tape->capnodes = cap;
+    }
+    if (nextra > 0 && !(*kept = malloc((size_t)nextra * sizeof **kept)))
+        return tg__err(TG_ERR_NOMEM, "out of memory for a node's kept tensors");
+    return TG_OK;
+}
+
 tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *attrs, int nin,
                           tg_tensor *const *in, tg_tensor *const *seen, const bool *tracked,
                           tg_tensor *out, tg_tensor **extra, int nextra)
@@ -277,26 +414,47 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         (st = tg__hooks_pack(tape, op, nin, seen, out, handles, &packed)))
         return st;
     if (packed & (1u << nin)) saved_out = NULL;
-    if (tape->nnodes == tape->capnodes) {
-        int64_t cap = tape->capnodes ? tape->capnodes * 2 : 64;
-        tg_node *p = realloc(tape->nodes, (size_t)cap * sizeof *p);
-        if (!p) {
-            for (int i = 0; i <= nin; i++)
-                if (packed & (1u << i)) tape->pfree(handles[i], tape->pack_ud);
-            return tg__err(TG_ERR_NOMEM, "out of memory growing the tape");
+    /* What can fail before the node exists: the pools, the node array,
+     * the extras' array. */
+    /* Specs: an interior input's is its producer's output spec (shapes
+     * never change), the output's most often the first input's; only
+     * the others are hashed. */
+    int32_t in_spec[TG_OP_MAX_INPUTS], out_spec = -1;
+    int32_t attrs_id = attrs == &tg__zero_attrs ? -1 : intern_attrs(tape, attrs);
+    bool ok = attrs_id != -2;
+    for (int i = 0; i < nin; i++) {
+        tg_tensor *t = in[i];
+        if (!tracked[i]) {
+            in_spec[i] = intern_spec(tape, t);
+        } else if (!t->is_leaf) {
+            in_spec[i] = tape->nodes[t->node].out_spec;
+        } else if (t->spec_epoch == tape->spec_epoch) {
+            in_spec[i] = t->spec;
+        } else if ((in_spec[i] = intern_spec(tape, t)) >= 0) {
+            t->spec = in_spec[i];
+            t->spec_epoch = tape->spec_epoch;
         }
-        tape->nodes = p;
-        tape->capnodes = cap;
+        ok = ok && in_spec[i] >= 0;
+    }
+    if (ok)
+        out_spec = nin && spec_is(tg__node_spec(tape, in_spec[0]), out) ? in_spec[0]
+                                                                        : intern_spec(tape, out);
+    tg_tensor **kept = NULL;
+    if (__builtin_expect(!ok || (nextra > 0 && !recompute) || tape->nnodes == tape->capnodes, 0) &&
+        (out_spec < 0 || node_room(tape, recompute ? 0 : nextra, &kept))) {
+        for (int i = 0; i <= nin; i++)
+            if (packed & (1u << i)) tape->pfree(handles[i], tape->pack_ud);
+        return TG_ERR_NOMEM;
     }
     tg_node *n = &tape->nodes[tape->nnodes];
     n->op = op;
-    n->attrs = *attrs;
-    n->nin = nin;
+    n->attrs = attrs_id;
+    n->nin = (uint8_t)nin;
     n->consumed = false;
     /* A node whose backward reads nothing (mul_scalar, sum) can be swept
      * again after its record was released. */
     n->needs_state = op->saves != 0 || nextra > 0;
-    n->backend = out->backend;
+    n->backend = (uint8_t)out->backend;
     n->saved_bytes = 0;
     n->recompute = recompute;
     n->remake_extra = false;
@@ -304,12 +462,13 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->segment = tape->segment_id;
     n->chain = 0;
     n->none_kept = !n->segment && (op->saves & TG_SAVE_OUTPUT);
+    n->region_size = out->numel * (int64_t)tg__esize(out->dtype) >= TG_REGION_MIN_BYTES;
+    n->in_val_owned = 0;
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
-        tg__spec_of(in[i], &n->in_spec[i]);
-        n->in_node[i] = (tracked[i] && !in[i]->is_leaf) ? in[i]->node : -1;
+        n->in_spec[i] = in_spec[i];
+        n->in_node[i] = (tracked[i] && !in[i]->is_leaf) ? (int32_t)in[i]->node : -1;
         n->in_val[i] = NULL;
-        n->in_val_owned[i] = false;
         n->in_saved[i] = (!recompute && (op->saves & TG_SAVE_INPUT(i)) && !(packed & (1u << i)))
                              ? tg_tensor_retain(seen[i]) : NULL;
         tg__tape_charge(tape, n, tg__kept_bytes(n->in_saved[i]));
@@ -319,6 +478,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     }
     n->out_saved = tg_tensor_retain(saved_out);
     tg__tape_charge(tape, n, tg__tensor_bytes(saved_out));
+    n->extra = kept;
     n->nextra = 0;
     for (int i = 0; i < nextra; i++) {
         if (recompute) { /* backward makes them again */
@@ -330,7 +490,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         tg__tape_charge(tape, n, tg__kept_bytes(extra[i]));
     }
     if (recompute) tg__checkpoint_place(tape, n, in, tracked, checkpoints);
-    tg__spec_of(out, &n->out_spec);
+    n->out_spec = out_spec;
     for (int i = 0; i < nin; i++) {
         const tg_tensor *c = (tracked[i] && in[i]->is_leaf) ? in[i]
                              : n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
@@ -590,7 +750,8 @@ tg_status tg__anomaly_grad(tg_tape *tape, int64_t idx, const tg_node *n, int arg
     int64_t k = first_nonfinite(g, &bad);
     if (k < 0) return TG_OK;
     char ins[512], where[256];
-    specs_str(n->nin, n->in_spec, ins, sizeof ins);
+    tg_spec buf[TG_OP_MAX_INPUTS];
+    specs_str(n->nin, tg__node_in_specs(tape, n, buf), ins, sizeof ins);
     return tg__err(TG_ERR_NONFINITE, "anomaly mode: backward of %s produced %s at element %lld "
                                      "of the gradient of its input #%d (the sum of every "
                                      "contribution so far); inputs: %s",

@@ -5,35 +5,26 @@
 
 #include "core/opctx.h"
 
+/* One recorded op. Kept small (248 bytes; a long scalar tape is mostly
+ * nodes): the specs and attrs, the same for most nodes of a tape, are ids
+ * into the tape's interned pools (tg__node_spec, tg__node_attrs), and the
+ * extras, which few ops keep, live in an array of their own. Pointers
+ * first, then the 4-byte fields, then the bytes, so that nothing pads. */
 typedef struct tg_node {
     const tg_op *op;
-    tg_op_attrs attrs;
-    int nin;
-    bool consumed;                       /* saved state released by backward */
-    bool needs_state;                    /* backward reads saved or recomputed values */
-    int32_t out_slot;
-    int32_t in_slot[TG_OP_MAX_INPUTS];   /* -1: input needs no gradient */
-    tg_spec in_spec[TG_OP_MAX_INPUTS];
-    tg_spec out_spec;
-    tg_backend backend;
     tg_tensor *in_saved[TG_OP_MAX_INPUTS];
     tg_tensor *out_saved;                /* the output, retained (TG_SAVE_OUTPUT) */
-    tg_tensor *extra[TG_OP_MAX_EXTRA];
-    int nextra;
+    tg_tensor **extra;                   /* nextra tensors (malloc'd), NULL when none */
     size_t saved_bytes;
     /* Checkpointing (see checkpoint.c). A recompute node saves nothing of
      * its own: backward re-runs its forward from the values of its inputs,
      * found through in_node (the producing node of this generation) or
      * in_val (a leaf, borrowed: the tape's leaf list holds it; or an
-     * untracked input, retained). A saving node borrows in in_val the
-     * leaves it does not save, so that it can be re-run too. */
-    bool recompute;
-    bool remake_extra;                   /* its forward kept extras: backward re-runs it */
-    int64_t in_node[TG_OP_MAX_INPUTS];   /* -1: not an interior result */
+     * untracked input, retained: bit i of in_val_owned). A saving node
+     * borrows in in_val the leaves it does not save, so that it can be
+     * re-run too. */
     tg_tensor *in_val[TG_OP_MAX_INPUTS];
-    bool in_val_owned[TG_OP_MAX_INPUTS];
     tg_tensor *ckpt;                     /* output kept for recompute consumers */
-    int32_t segment;                     /* checkpoint segment id, 0 outside any */
     /* Versions (tg__tape_check_writes): of what input i's check reads
      * (in_chk: the saved input, the kept value or the tracked leaf,
      * borrowed from in_saved/in_val/the leaf list; NULL: none), of the
@@ -43,11 +34,55 @@ typedef struct tg_node {
     const tg_tensor *in_chk[TG_OP_MAX_INPUTS];
     uint32_t in_ver[TG_OP_MAX_INPUTS];
     uint32_t out_ver, ckpt_ver, written_ver;
-    bool out_written;
+    int32_t in_slot[TG_OP_MAX_INPUTS];   /* -1: input needs no gradient */
+    int32_t out_slot;
+    int32_t in_node[TG_OP_MAX_INPUTS];   /* -1: not an interior result */
+    int32_t in_spec[TG_OP_MAX_INPUTS];   /* ids in the tape's spec pool */
+    int32_t out_spec;
+    int32_t attrs;                       /* id in the attrs pool, -1: all zero */
+    int32_t segment;                     /* checkpoint segment id, 0 outside any */
     int32_t label;                       /* index into tape->labels, -1: none */
     int32_t chain;                       /* BALANCED: recompute nodes back to a kept value */
+    uint8_t nin;
+    uint8_t nextra;
+    uint8_t backend;                     /* tg_backend */
+    uint8_t in_val_owned;                /* bit i: in_val[i] is retained */
+    bool consumed;                       /* saved state released by backward */
+    bool needs_state;                    /* backward reads saved or recomputed values */
+    bool recompute;
+    bool remake_extra;                   /* its forward kept extras: backward re-runs it */
+    bool out_written;
     bool none_kept;                      /* NONE would keep its output (checkpoint.c) */
+    bool region_size;                    /* output of TG_REGION_MIN_BYTES or more (region.c) */
 } tg_node;
+
+/* The least output a pointwise region starts from: two of its blocks. */
+#define TG_REGION_BLOCK_BYTES ((int64_t)64 << 10)
+#define TG_REGION_MIN_BYTES (2 * TG_REGION_BLOCK_BYTES)
+
+/* Interned fixed-size records (tape.c): each distinct record once, found
+ * by content; ids index chunks that never move, so a pointer from
+ * tg__pool_at stays valid while ops are recorded (a create_graph backward
+ * records while it reads). Kept across tg_tape_reset (a training loop
+ * interns the same few shapes every step) unless it has grown past
+ * TG__POOL_KEEP records. */
+#define TG__POOL_CHUNK 256
+#define TG__POOL_KEEP 65536
+typedef struct tg__pool {
+    size_t size;             /* bytes per record */
+    unsigned char **chunks;
+    int32_t n, nchunks;
+    int32_t *table;          /* open addressing: id + 1, 0 empty */
+    uint32_t cap;            /* table slots, a power of two (0: none yet) */
+} tg__pool;
+
+/* Record id of p, whose records are size bytes (a constant at the typed
+ * accessors below). */
+static inline const void *tg__pool_at(const tg__pool *p, int32_t id, size_t size)
+{
+    uint32_t u = (uint32_t)id;
+    return p->chunks[u / TG__POOL_CHUNK] + (size_t)(u % TG__POOL_CHUNK) * size;
+}
 
 /* BALANCED keeps the output of a recompute node that ends a chain of this
  * many recompute nodes back to a kept value (tg__checkpoint_place). */
@@ -63,6 +98,9 @@ struct tg_tape {
     tg_tape_opts opts;
     tg_node *nodes;
     int64_t nnodes, capnodes;
+    tg__pool specs;        /* tg_spec, tail of shape zeroed */
+    uint32_t spec_epoch;   /* bumped when specs is cleared (tg_tensor.spec_epoch) */
+    tg__pool attrs;        /* tg_op_attrs, padding zeroed */
     int32_t nslots;
     tg_tensor **leaves; /* leaves with a slot in this generation (retained) */
     int32_t nleaves, capleaves;
@@ -133,6 +171,34 @@ TG_INTERNAL tg_status tg__tape_record(struct tg_tape *tape, const tg_op *op,
                                       const tg_op_attrs *attrs, int nin, tg_tensor *const *in,
                                       tg_tensor *const *seen, const bool *tracked, tg_tensor *out,
                                       tg_tensor **extra, int nextra);
+/* A node's specs and attrs, from the tape's pools. */
+static inline const tg_spec *tg__node_spec(const struct tg_tape *tape, int32_t id)
+{
+    return (const tg_spec *)tg__pool_at(&tape->specs, id, sizeof(tg_spec));
+}
+static inline const tg_spec *tg__node_in_spec(const struct tg_tape *tape, const tg_node *n, int i)
+{
+    return tg__node_spec(tape, n->in_spec[i]);
+}
+static inline const tg_spec *tg__node_out_spec(const struct tg_tape *tape, const tg_node *n)
+{
+    return tg__node_spec(tape, n->out_spec);
+}
+static inline const tg_op_attrs *tg__node_attrs(const struct tg_tape *tape, const tg_node *n)
+{
+    return n->attrs < 0 ? &tg__zero_attrs
+                        : (const tg_op_attrs *)tg__pool_at(&tape->attrs, n->attrs,
+                                                           sizeof(tg_op_attrs));
+}
+/* The specs of n's inputs as a contiguous array, as a tg_op_ctx takes
+ * them: the pool's record itself for one input, else copies in buf. */
+static inline const tg_spec *tg__node_in_specs(const struct tg_tape *tape, const tg_node *n,
+                                               tg_spec *buf)
+{
+    if (n->nin == 1) return tg__node_in_spec(tape, n, 0);
+    for (int i = 0; i < n->nin; i++) buf[i] = *tg__node_in_spec(tape, n, i);
+    return buf;
+}
 /* Releases a node's saved tensors and marks it consumed. */
 TG_INTERNAL void tg__node_release_saved(struct tg_tape *tape, tg_node *n);
 /* A reference to the tape: every tensor pointing at it and the user's
