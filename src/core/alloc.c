@@ -41,8 +41,10 @@
  * 2). A size seen once keeps its entry: training steps reuse a few dozen. */
 #define TG_CACHE_SIZES 256
 
-static _Atomic size_t mem_current;
-static _Atomic size_t mem_peak;
+/* The count of tensor bytes, process-wide. Signed: a thread may publish a
+ * free before another publishes the allocation (see tg__mem_count). */
+static _Atomic int64_t mem_current;
+static _Atomic int64_t mem_peak;
 
 /* The cache: for each size, a stack of freed buffers linked through their
  * first word, so that take and put cost O(1) whatever the count. */
@@ -173,17 +175,60 @@ void tg__data_trim(void)
     pthread_mutex_unlock(&cache.lock);
 }
 
+/* Each thread adds to mem_current in batches: its allocations and frees
+ * go to a thread-local delta, published (one atomic add) once it passes
+ * MEM_BATCH either way, or the count would pass the peak (so the peak
+ * stays exact for the thread that makes it), or the thread reads the
+ * counters, ends a pool task or a replica step, or exits: two locked
+ * instructions less per tensor (a chain of scalar ops makes two tensors
+ * per op). A thread that cannot register its exit (mem_batched false)
+ * publishes every count. */
+#define MEM_BATCH ((int64_t)256 << 10)
+static TG_THREAD_LOCAL int64_t mem_delta;
+static TG_THREAD_LOCAL bool mem_batched;
+
+static void mem_publish(int64_t d)
+{
+    int64_t now = atomic_fetch_add_explicit(&mem_current, d, memory_order_relaxed) + d;
+    int64_t peak = atomic_load_explicit(&mem_peak, memory_order_relaxed);
+    while (now > peak && !atomic_compare_exchange_weak_explicit(&mem_peak, &peak, now,
+                                                                 memory_order_relaxed,
+                                                                 memory_order_relaxed)) {
+    }
+}
+
+void tg__mem_flush(void)
+{
+    int64_t d = mem_delta;
+    mem_delta = 0;
+    if (d) mem_publish(d);
+}
+
 void tg__mem_count(size_t nbytes)
 {
-    size_t now = atomic_fetch_add(&mem_current, nbytes) + nbytes;
-    size_t peak = atomic_load(&mem_peak);
-    while (now > peak && !atomic_compare_exchange_weak(&mem_peak, &peak, now)) {
+    if (!mem_batched && !(mem_batched = tg__thread_register())) {
+        mem_publish((int64_t)nbytes);
+        return;
     }
+    int64_t d = mem_delta += (int64_t)nbytes;
+    if (d > MEM_BATCH || atomic_load_explicit(&mem_current, memory_order_relaxed) + d >
+                             atomic_load_explicit(&mem_peak, memory_order_relaxed))
+        tg__mem_flush();
 }
 
 void tg__mem_uncount(size_t nbytes)
 {
-    atomic_fetch_sub(&mem_current, nbytes);
+    if (!mem_batched) {
+        mem_publish(-(int64_t)nbytes);
+        return;
+    }
+    if ((mem_delta -= (int64_t)nbytes) < -MEM_BATCH) tg__mem_flush();
+}
+
+void tg__mem_thread_exit(void)
+{
+    tg__mem_flush();
+    mem_batched = false;
 }
 
 void tg_mem_trim(void)
@@ -195,16 +240,21 @@ void tg_mem_trim(void)
 
 size_t tg_mem_current_bytes(void)
 {
-    return atomic_load(&mem_current);
+    tg__mem_flush();
+    int64_t v = atomic_load(&mem_current);
+    return v > 0 ? (size_t)v : 0;
 }
 
 size_t tg_mem_peak_bytes(void)
 {
-    return atomic_load(&mem_peak);
+    tg__mem_flush();
+    int64_t v = atomic_load(&mem_peak);
+    return v > 0 ? (size_t)v : 0;
 }
 
 void tg_mem_reset_peak(void)
 {
+    tg__mem_flush();
     atomic_store(&mem_peak, atomic_load(&mem_current));
 }
 

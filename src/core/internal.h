@@ -158,6 +158,10 @@ TG_INTERNAL void tg__data_free(void *p, size_t nbytes);
 /* Counts inline tensor data in the memory accounting (no allocation). */
 TG_INTERNAL void tg__mem_count(size_t nbytes);
 TG_INTERNAL void tg__mem_uncount(size_t nbytes);
+/* Publishes the calling thread's batched count (alloc.c): pool tasks and
+ * replica steps end with it; tg__mem_thread_exit at thread exit. */
+TG_INTERNAL void tg__mem_flush(void);
+TG_INTERNAL void tg__mem_thread_exit(void);
 /* Hands every cached free buffer back to the allocator (alloc.c). */
 TG_INTERNAL void tg__data_trim(void);
 

@@ -111,7 +111,10 @@ static void *worker(void *arg)
         int parts = job_parts;
         part_fn f = job;
         void *c = job_ctx;
-        if (id < parts) f(c, id, parts);
+        if (id < parts) {
+            f(c, id, parts);
+            tg__mem_flush(); /* before the caller can read the counters */
+        }
         if (atomic_fetch_sub(&pending, 1) == 1 && atomic_load(&caller_waits)) {
             pthread_mutex_lock(&mu);
             pthread_cond_signal(&cv_done);

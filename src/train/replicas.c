@@ -266,6 +266,7 @@ static void *worker_main(void *arg)
             reduce_part(r, w->index, r->o.workers);
         else
             run_shard(r, w);
+        tg__mem_flush(); /* before the caller can read the counters */
         if (atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel) == 1) {
             pthread_mutex_lock(&r->mu);
             pthread_cond_signal(&r->done);
