@@ -5,9 +5,27 @@ Runs each workload of `tapegrad bench` (tiny, chain, mlp, elementwise, rnn,
 conv, deep; docs/benchmarks.md) in PyTorch with the same shapes, losses and
 measurement (forward, forward+backward and SGD train step; median, min and
 max of 20 samples after 3 warm-up rounds, variants interleaved, each
-sample enough iterations to last a few ms), then runs
+sample enough iterations to last a few ms), then the same in libtorch,
+PyTorch's C++ API, where it is installed (below), then runs
 `tapegrad bench --json` in the same invocation with the same thread count
-and prints both with tapegrad/PyTorch ratios (below 1: tapegrad is faster).
+and prints all three with tapegrad/PyTorch and tapegrad/libtorch ratios
+(below 1: tapegrad is faster).
+
+libtorch: bench/torch_cpp.cpp holds the same workloads and measurement with
+torch::nn modules and torch::optim::SGD, so the C++ column is PyTorch's
+kernels and autograd engine without the Python interpreter. Where the
+Debian package libtorch-dev is installed (its header
+/usr/include/torch/csrc/api/include/torch/torch.h) and a C++ compiler is
+found (CXX, default g++), it is built once, about a minute, into
+build/torch_cpp/torch_cpp of this source tree:
+  $CXX -O2 -std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1
+       -isystem /usr/include/torch/csrc/api/include bench/torch_cpp.cpp
+       -o build/torch_cpp/torch_cpp -ltorch -ltorch_cpu -lc10 -lpthread
+and rebuilt when the .cpp is newer or that command changes (CXX). It runs
+after the Python side, with the same environment and --threads, and its
+figures go to the JSON as "libtorch" and "ratios_libtorch". Where the
+header is missing, or the build or the run fails, a line says so and the
+column is left out (exit status unchanged); --no-cpp leaves it out.
 
 Threads: PyTorch 1.13 needs both its own count (torch.set_num_threads) and
 OpenBLAS's, which is read from the environment when torch is imported, so
@@ -27,10 +45,17 @@ deep it gives the 65 MiB the higher-order issue quoted).
 With --hvp it compares Hessian-vector products instead: on mlp and
 elementwise, PyTorch's double backward (torch.autograd.grad of the loss
 with create_graph=True, then torch.autograd.grad of <g, v>) against
-`tapegrad bench hvp`, each side as a ratio to its own fwd+bwd and in ms.
+`tapegrad bench hvp`, each side as a ratio to its own fwd+bwd and in ms
+(libtorch has no part in it).
+
+glibc malloc: unless --default-malloc, MALLOC_MMAP_THRESHOLD_ and
+MALLOC_TRIM_THRESHOLD_ are raised (the script re-executes itself with them)
+so that PyTorch's large temporaries are not given back to the kernel and
+faulted in again every step; see MALLOC_TUNING below.
 
 Usage: /usr/bin/python3 bench/torch_compare.py [TAPEGRAD] [--threads N]
-           [--quick] [-w WORKLOAD ...] [--json FILE] [--hvp]
+           [--quick] [-w WORKLOAD ...] [--json FILE] [--hvp] [--cpp | --no-cpp]
+           [--default-malloc]
 TAPEGRAD is the tapegrad binary (default build/tools/tapegrad). Exits 0
 with a message, doing nothing, where PyTorch is not installed.
 """
@@ -38,6 +63,8 @@ import argparse
 import json
 import math
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -63,6 +90,14 @@ def parse_args():
                     help="compare Hessian-vector products (mlp, elementwise) instead")
     ap.add_argument("--show-tapegrad", action="store_true",
                     help="also print tapegrad's own report")
+    cpp = ap.add_mutually_exclusive_group()
+    cpp.add_argument("--cpp", dest="cpp", action="store_true", default=None,
+                     help="also run the workloads in libtorch, the C++ API "
+                          "(the default where libtorch-dev is installed)")
+    cpp.add_argument("--no-cpp", dest="cpp", action="store_false",
+                     help="leave the libtorch column out")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc malloc's thresholds as they are (see MALLOC_TUNING)")
     a = ap.parse_args()
     if a.threads < 1:
         ap.error("--threads must be >= 1")
@@ -78,6 +113,20 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 # (deep at 2 threads: 420 ms instead of 190). Passive waiting is PyTorch's
 # best setting here, so it is the default unless the caller chose one.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# PyTorch allocates its large temporaries with glibc malloc, which by
+# default gives each one back to the kernel when it is freed and faults it
+# in again on the next step: conv fwd+bwd then measured 1.4 to 40 ms from
+# one run to the next on this VM, elementwise alike. Raising the mmap and
+# trim thresholds keeps the memory in the process, as a long-running
+# trainer would (and as the issue's PyTorch figures were taken). glibc
+# reads them at start-up, so the script runs itself again with them set.
+# tapegrad allocates through jemalloc and is not affected.
+MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": "268435456", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
+if not ARGS.default_malloc and any(k not in os.environ for k in MALLOC_TUNING):
+    for k, v in MALLOC_TUNING.items():
+        os.environ.setdefault(k, v)
+    os.execv(sys.executable, [sys.executable] + sys.argv)
 
 try:
     import torch
@@ -280,6 +329,96 @@ def run_tapegrad(names, quick, threads):
         os.unlink(path)
 
 
+# ---- libtorch, PyTorch's C++ API: bench/torch_cpp.cpp
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPP_SRC = os.path.join(ROOT, "bench", "torch_cpp.cpp")
+CPP_BIN = os.path.join(ROOT, "build", "torch_cpp", "torch_cpp")
+TORCH_API_INCLUDE = "/usr/include/torch/csrc/api/include"
+
+
+def cpp_driver():
+    """The libtorch driver's path, built first where it is missing, older than
+    its source or built by another command; None, with a line saying why,
+    where it cannot be had."""
+    if not os.path.exists(os.path.join(TORCH_API_INCLUDE, "torch", "torch.h")):
+        print("libtorch C++ API not installed (Debian package libtorch-dev); "
+              "the C++ column is left out")
+        return None
+    cxx = shlex.split(os.environ.get("CXX") or "g++")
+    if not cxx or not shutil.which(cxx[0]):
+        print("torch_compare: no C++ compiler (CXX=%s not found); the C++ column is left out"
+              % (os.environ.get("CXX") or "g++"), file=sys.stderr)
+        return None
+    tmp = "%s.tmp%d" % (CPP_BIN, os.getpid())
+
+    def command(out):  # Debian's libtorch has the C++11 string ABI (its TorchConfig.cmake)
+        return cxx + ["-O2", "-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=1",
+                      "-isystem", TORCH_API_INCLUDE, CPP_SRC, "-o", out,
+                      "-ltorch", "-ltorch_cpu", "-lc10", "-lpthread"]
+    stamp = CPP_BIN + ".cmd"  # the command that built CPP_BIN
+    want = " ".join(shlex.quote(a) for a in command(CPP_BIN))
+    try:
+        with open(stamp) as fh:
+            fresh = (fh.read().strip() == want and
+                     os.path.getmtime(CPP_BIN) >= os.path.getmtime(CPP_SRC))
+    except OSError:
+        fresh = False
+    if fresh:
+        return CPP_BIN
+    print("torch_compare: building the libtorch driver (about a minute): %s" % want,
+          file=sys.stderr)
+    sys.stderr.flush()
+    try:
+        os.makedirs(os.path.dirname(CPP_BIN), exist_ok=True)
+        p = subprocess.run(command(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           universal_newlines=True)
+        if p.returncode == 0:
+            os.replace(tmp, CPP_BIN)
+            with open(stamp, "w") as fh:
+                fh.write(want + "\n")
+            return CPP_BIN
+        err = "exit status %d\n%s" % (p.returncode, "\n".join(p.stdout.splitlines()[-30:]))
+    except OSError as e:
+        err = str(e)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print("torch_compare: building the libtorch driver failed: %s\n"
+          "torch_compare: the C++ column is left out" % err.rstrip(), file=sys.stderr)
+    return None
+
+
+def run_cpp(binary, names, quick, threads):
+    """Runs the libtorch driver in this environment: (its results per workload,
+    the command, its first line), or None where it gave none (its output is
+    printed then, and whenever it fails)."""
+    fd, path = tempfile.mkstemp(suffix=".json", prefix="torch-cpp-")
+    os.close(fd)
+    cmd = [binary, "--threads", str(threads), "--json", path]
+    for n in names:
+        cmd += ["-w", n]
+    if quick:
+        cmd.append("--quick")
+    try:
+        p = subprocess.run(cmd, env=os.environ.copy(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, universal_newlines=True)
+        if p.returncode:
+            sys.stderr.write(p.stdout)
+            print("torch_compare: %s exited with %d" % (" ".join(cmd), p.returncode),
+                  file=sys.stderr)
+        with open(path) as fh:
+            text = fh.read()
+        if not text.strip():
+            raise ValueError("it wrote none")
+        return json.loads(text), " ".join(cmd), (p.stdout.splitlines() or [""])[0]
+    except (OSError, ValueError) as e:
+        print("torch_compare: the libtorch driver gave no results (%s); "
+              "the C++ column is left out" % e, file=sys.stderr)
+        return None
+    finally:
+        os.unlink(path)
+
+
 def run_torch_hvp(name, quick):
     """Median fwd+bwd and HVP ms of workload name, interleaved rounds."""
     torch.manual_seed(0)
@@ -321,6 +460,8 @@ def run_torch_hvp(name, quick):
 
 def main_hvp():
     names = [n for n in ("mlp", "elementwise") if not ARGS.workload or n in ARGS.workload]
+    if ARGS.cpp:
+        print("torch_compare: --hvp has no libtorch side; the C++ column is left out")
     torch.set_num_threads(ARGS.threads)
     print("PyTorch %s, %d threads: HVP = grad(<grad(loss, create_graph=True), v>)"
           % (torch.__version__, ARGS.threads))
@@ -371,38 +512,70 @@ def main():
             print("load average at start: %s" % fh.read().split()[0])
     except OSError:
         pass
+    # built before any timing: the build keeps the cores busy for a minute
+    cpp_bin = cpp_driver() if ARGS.cpp is not False else None
     if ARGS.quick:
         print("QUICK RUN: 5 samples after 1 warm-up; a smoke run, not a measurement")
     sys.stdout.flush()
     pt = {}
     for n in names:
         pt[n] = run_torch(n, ARGS.quick)
+    sys.stdout.flush()
+    cpp = run_cpp(cpp_bin, names, ARGS.quick, ARGS.threads) if cpp_bin else None
+    cw = {}
+    if cpp:
+        cw = cpp[0]
+        print("libtorch: %s (%s)" % (cpp[1], cpp[2]))
+        for n in names:  # same seeds, init and kernels: the losses should agree
+            c = cw.get(n, {})
+            if "loss" in c and not math.isclose(c["loss"], pt[n]["loss"], rel_tol=1e-4):
+                print("note: %s: libtorch's loss %.6g differs from PyTorch's %.6g"
+                      % (n, c["loss"], pt[n]["loss"]))
+        sys.stdout.flush()
     tg, cmd = run_tapegrad(names, ARGS.quick, ARGS.threads)
     print("tapegrad: %s (%s, OpenBLAS core %s, %d threads)" % (
         cmd, tg["cpu"], tg["openblas_core"], tg["openblas_threads"]))
     tgw = {w["name"]: w for w in tg["workloads"]}
 
-    print("\nms per iteration (medians; min-max in the JSON); ratio = tapegrad / PyTorch, "
-          "below 1 tapegrad is faster")
+    if cpp:
+        print("\nms per iteration (medians; min-max in the JSON); tg/py = tapegrad / PyTorch "
+              "(Python), tg/cpp = tapegrad / libtorch (C++); below 1 tapegrad is faster")
+    else:
+        print("\nms per iteration (medians; min-max in the JSON); ratio = tapegrad / PyTorch, "
+              "below 1 tapegrad is faster")
     head = "%-12s" % "workload"
     for v in ("forward", "fwd+bwd", "train"):
-        head += " | %9s %9s %6s" % ("tg " + v, "torch", "ratio")
+        if cpp:
+            head += " | %9s %9s %6s %9s %6s" % ("tg " + v, "torch", "tg/py", "libtorch", "tg/cpp")
+        else:
+            head += " | %9s %9s %6s" % ("tg " + v, "torch", "ratio")
     print(head)
     out = {"threads": ARGS.threads, "quick": ARGS.quick, "torch_version": torch.__version__,
            "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
-           "tapegrad_command": cmd, "tapegrad": tg, "torch": pt, "ratios": {}}
+           "tapegrad_command": cmd, "tapegrad": tg, "torch": pt, "ratios": {},
+           "libtorch_command": cpp[1] if cpp else None, "libtorch": cw or None,
+           "ratios_libtorch": {}}
     for n in names:
         w = tgw.get(n)
         line = "%-12s" % n
         if not w or not w.get("ok"):
             print(line + " | tapegrad failed: %s" % (w or {}).get("error", "missing"))
             continue
-        ratios = {}
+        ratios, cratios = {}, {}
         for v in VARIANTS:
             a, b = w[v]["median"], pt[n][v]["median"]
             ratios[v] = a / b
             line += " | %9.4g %9.4g %6.3f" % (a, b, a / b)
+            if cpp:
+                c = cw.get(n, {}).get(v)
+                if c:
+                    cratios[v] = a / c["median"]
+                    line += " %9.4g %6.3f" % (c["median"], a / c["median"])
+                else:  # the driver failed on this workload (its error above)
+                    line += " %9s %6s" % ("-", "-")
         out["ratios"][n] = ratios
+        if cratios:
+            out["ratios_libtorch"][n] = cratios
         print(line)
     print("\ntensor memory peak of one forward+backward, MB (ratio = tapegrad / PyTorch)")
     for n in names:
