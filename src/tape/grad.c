@@ -159,6 +159,34 @@ static tg_status mark_reach(graph_sweep *g, int64_t top)
     return TG_OK;
 }
 
+/* The fewest members a region needs here. The second sweep of an HVP
+ * (elementwise workload) met runs of two (an accumulating add and a mul)
+ * with two outside targets: block by block they cost more than they saved
+ * (HVP 8.7 against 7.7 ms node by node); with three or more they pay. */
+#define REGION_MIN_MEMBERS 3
+
+/* The lowest node of a pointwise region ending at top (tg__region_find),
+ * or top: only a sweep that records nothing and keeps nothing takes one,
+ * and only where every node of the run leads to a wanted slot and none
+ * makes one (a member's gradient never leaves its blocks). */
+static int64_t region_of(graph_sweep *g, int64_t top, int64_t *hoist, int *nhoist)
+{
+    *nhoist = 0;
+    if (g->create || g->retain || g->s.tape->watch) return top;
+    int64_t lo = tg__region_find(&g->s, top, hoist, nhoist);
+    if (top - lo + 1 - *nhoist < REGION_MIN_MEMBERS) {
+        *nhoist = 0;
+        return top;
+    }
+    const tg_node *nodes = g->s.tape->nodes;
+    for (int64_t j = lo; j <= top; j++)
+        if ((g->want && g->want[nodes[j].out_slot]) || (g->reach && !g->reach[j])) {
+            *nhoist = 0;
+            return top;
+        }
+    return lo;
+}
+
 static tg_status run_sweep(graph_sweep *g, int64_t top)
 {
     sweep_state *s = &g->s;
@@ -178,10 +206,32 @@ static tg_status run_sweep(graph_sweep *g, int64_t top)
             }
             s->grads[oslot] = NULL;
             if (tape->nhooks) st = tg__hooks_grad(tape, oslot, NULL, &gi);
-            if (!st && tape->watch) st = tg__hooks_node_pre(tape, i, gi);
-            if (!st) st = graph_node(g, i, gi);
-            tg_tensor_release(gi);
-            if (st == TG_OK && !g->retain) tg__node_release_saved(tape, &tape->nodes[i]);
+            int64_t hoist[TG_REGION_SPAN];
+            int nhoist = 0;
+            int64_t lo = st ? i : region_of(g, i, hoist, &nhoist);
+            if (lo < i) {
+                /* As tg_backward: the hoisted nodes, then the run block
+                 * by block (region.c), with the same bits as node by node. */
+                for (int h = 0; h < nhoist && st == TG_OK; h++) {
+                    tg_node *m = &tape->nodes[hoist[h]];
+                    tg_tensor *gm = s->grads[m->out_slot];
+                    if (!gm) continue;
+                    if (g->want && g->want[m->out_slot]) g->got[m->out_slot] = tg_tensor_retain(gm);
+                    s->grads[m->out_slot] = NULL;
+                    if (!g->reach || g->reach[hoist[h]]) st = graph_node(g, hoist[h], gm);
+                    tg_tensor_release(gm);
+                    if (st == TG_OK) tg__node_release_saved(tape, m);
+                }
+                if (st == TG_OK) st = tg__region_run(s, lo, i, gi);
+                tg_tensor_release(gi);
+                for (int64_t j = i; j > lo; j--) tg__sweep_drop(s, j);
+                i = lo;
+            } else {
+                if (!st && tape->watch) st = tg__hooks_node_pre(tape, i, gi);
+                if (!st) st = graph_node(g, i, gi);
+                tg_tensor_release(gi);
+                if (st == TG_OK && !g->retain) tg__node_release_saved(tape, &tape->nodes[i]);
+            }
         } else if (gi) {
             s->grads[oslot] = NULL; /* leads to nothing asked for */
             tg_tensor_release(gi);
