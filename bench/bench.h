@@ -148,6 +148,9 @@ typedef struct bench_workload {
     bool sequential;       /* --policy segments uses tg_checkpoint_sequential */
     double check_tol;      /* relative tolerance of the loss against the reference */
     const char *gemm_desc; /* what the raw GEMMs are, NULL: none timed */
+    /* What gemm times when it is not raw GEMMs ("fused pass"; NULL: raw
+     * GEMMs); gemm_flops are then 0. */
+    const char *baseline;
     double gemm_flops_fwd, gemm_flops_all; /* of those GEMMs */
     /* Builds parameters and inputs; NULL with err set on failure. */
     void *(*setup)(char *err, size_t errlen);
@@ -162,7 +165,7 @@ typedef struct bench_workload {
      * derivative; *rel gets the worst relative error. */
     int (*check_grad)(void *st, double *rel, char *err, size_t errlen);
     /* Optional: the workload's GEMMs with raw cblas_sgemm, forward only or
-     * forward and backward. */
+     * forward and backward (or the baseline named by baseline). */
     void (*gemm)(void *st, bool backward);
     /* Optional: the same forward with every intermediate released once
      * used (bench_lean_stages, or by hand), so that what a checkpoint
