@@ -158,8 +158,18 @@ static inline bool spec_is(const tg_spec *s, const tg_tensor *t)
 }
 
 /* attrs' id, -1 when all zero (most ops); -2 when out of memory. */
+static bool attrs_zero(const tg_op_attrs *a)
+{
+    uint64_t bits, any = (uint64_t)(a->nints | a->flag | a->target);
+    memcpy(&bits, &a->scalar, sizeof bits); /* -0.0 is not zero here */
+    any |= bits;
+    for (int i = 0; i < TG_MAX_DIMS; i++) any |= (uint64_t)a->ints[i];
+    return any == 0;
+}
+
 static int32_t intern_attrs(tg_tape *tape, const tg_op_attrs *a)
 {
+    if (attrs_zero(a)) return -1;
     tg_op_attrs z;
     memset(&z, 0, sizeof z); /* the padding too: records compare by bytes */
     z.scalar = a->scalar;
@@ -167,7 +177,6 @@ static int32_t intern_attrs(tg_tape *tape, const tg_op_attrs *a)
     z.nints = a->nints;
     z.flag = a->flag;
     z.target = a->target;
-    if (memcmp(&z, &tg__zero_attrs, sizeof z) == 0) return -1;
     int32_t id = pool_intern(&tape->attrs, &z);
     return id < 0 ? -2 : id;
 }
