@@ -75,6 +75,38 @@ static tg_tensor *graph(tg_tensor *x, tg_tensor *y, tg_tensor *c, tg_tensor *s)
     return tg_add(tg_sum(tg_mul(k, h)), tg_mean(b));
 }
 
+/* graph()'s inputs, the same values on every call (n of each, s a
+ * scalar), x and y leaves of a new tape with policy and plain_backward. */
+typedef struct graph_inputs {
+    tg_tensor *x, *y, *c, *s;
+    tg_tape *tape;
+} graph_inputs;
+
+static graph_inputs inputs(tg_checkpoint_policy policy, bool plain, int64_t n)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 5);
+    graph_inputs in = {
+        .x = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -2.0, 2.0),
+        .y = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -2.0, 2.0),
+        .c = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -1.0, 1.0),
+        .s = tg_full(TG_F64, 0, NULL, 0.3),
+        .tape = tg_tape_new(&(tg_tape_opts){.policy = policy, .plain_backward = plain}),
+    };
+    cr_assert_eq(tg_requires_grad(in.tape, in.x), TG_OK);
+    cr_assert_eq(tg_requires_grad(in.tape, in.y), TG_OK);
+    return in;
+}
+
+static void inputs_free(graph_inputs *in)
+{
+    tg_tape_free(in->tape);
+    tg_tensor_release(in->x);
+    tg_tensor_release(in->y);
+    tg_tensor_release(in->c);
+    tg_tensor_release(in->s);
+}
+
 typedef struct run_out {
     double *gx, *gy;
     size_t backward_peak; /* tensor storage added at peak during backward */
@@ -85,15 +117,9 @@ static char backward_msg[256];
 
 static run_out run(tg_checkpoint_policy policy, bool plain, int64_t n, tg_status *bst)
 {
-    tg_rng rng;
-    tg_rng_seed(&rng, 5);
-    tg_tensor *x = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -2.0, 2.0);
-    tg_tensor *y = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -2.0, 2.0);
-    tg_tensor *c = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -1.0, 1.0);
-    tg_tensor *s = tg_full(TG_F64, 0, NULL, 0.3);
-    tg_tape *tape = tg_tape_new(&(tg_tape_opts){.policy = policy, .plain_backward = plain});
-    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
-    cr_assert_eq(tg_requires_grad(tape, y), TG_OK);
+    graph_inputs in = inputs(policy, plain, n);
+    tg_tensor *x = in.x, *y = in.y, *c = in.c, *s = in.s;
+    tg_tape *tape = in.tape;
     run_out r = {0};
     tg_scope_begin();
     tg_tensor *loss = graph(x, y, c, s);
@@ -114,11 +140,7 @@ static run_out run(tg_checkpoint_policy policy, bool plain, int64_t n, tg_status
         cr_expect_null(tg_grad(x), "a failed backward must not reach a leaf");
         cr_expect_null(tg_grad(y), "a failed backward must not reach a leaf");
     }
-    tg_tape_free(tape);
-    tg_tensor_release(x);
-    tg_tensor_release(y);
-    tg_tensor_release(c);
-    tg_tensor_release(s);
+    inputs_free(&in);
     return r;
 }
 
@@ -247,15 +269,9 @@ Test(region, blocks_on_two_threads_give_one_threads_gradients_and_errors)
 static double *grad_of_run(tg_checkpoint_policy policy, bool plain, int64_t n, int which,
                            bool retain)
 {
-    tg_rng rng;
-    tg_rng_seed(&rng, 5);
-    tg_tensor *x = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -2.0, 2.0);
-    tg_tensor *y = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -2.0, 2.0);
-    tg_tensor *c = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -1.0, 1.0);
-    tg_tensor *s = tg_full(TG_F64, 0, NULL, 0.3);
-    tg_tape *tape = tg_tape_new(&(tg_tape_opts){.policy = policy, .plain_backward = plain});
-    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
-    cr_assert_eq(tg_requires_grad(tape, y), TG_OK);
+    graph_inputs in = inputs(policy, plain, n);
+    tg_tensor *x = in.x, *y = in.y, *c = in.c, *s = in.s;
+    tg_tape *tape = in.tape;
     tg_scope_begin();
     tg_tensor *b = tg_tanh(tg_mul(x, y)); /* graph()'s first two ops, recorded again below */
     tg_tensor *loss = tg_add(graph(x, y, c, s), tg_sum(tg_mul(b, b)));
@@ -288,11 +304,7 @@ static double *grad_of_run(tg_checkpoint_policy policy, bool plain, int64_t n, i
         }
     }
     tg_scope_end();
-    tg_tape_free(tape);
-    tg_tensor_release(x);
-    tg_tensor_release(y);
-    tg_tensor_release(c);
-    tg_tensor_release(s);
+    inputs_free(&in);
     return out;
 }
 
