@@ -68,6 +68,19 @@ void tg__tape_ref(tg_tape *tape)
 
 /* docs/benchmarks.md "Tape length": at most 256 bytes per recorded op. */
 _Static_assert(sizeof(tg_node) <= 256, "a tape node outgrew 256 bytes");
+/* pool_hash and same_words read records as whole 8-byte words; a spec's
+ * first word holds its dtype and ndim (pool_bytes). */
+_Static_assert(sizeof(tg_spec) % 8 == 0 && sizeof(tg_op_attrs) % 8 == 0, "pool records");
+_Static_assert(offsetof(tg_spec, shape) == 8 && sizeof(tg_spec) != sizeof(tg_op_attrs),
+               "pool_bytes tells the pools apart by size");
+
+/* The 8-byte words of rec that can be nonzero: a spec's dtype and ndim and
+ * its ndim extents (the rest is zeroed), all of an attrs record. */
+static inline size_t pool_bytes(const tg__pool *p, const void *rec)
+{
+    if (p->size != sizeof(tg_spec)) return p->size;
+    return (size_t)(1 + ((const tg_spec *)rec)->ndim) * 8;
+}
 
 static uint32_t pool_hash(const void *rec, size_t size)
 {
@@ -78,6 +91,19 @@ static uint32_t pool_hash(const void *rec, size_t size)
         h = (h ^ w) * 0x9e3779b97f4a7c15u;
     }
     return (uint32_t)(h >> 32);
+}
+
+/* memcmp(a, b, size) == 0 for records of whole 8-byte words, inline. */
+static inline bool same_words(const void *a, const void *b, size_t size)
+{
+    const unsigned char *x = a, *y = b;
+    uint64_t u, v, d = 0;
+    for (size_t i = 0; i < size; i += 8) {
+        memcpy(&u, x + i, 8);
+        memcpy(&v, y + i, 8);
+        d |= u ^ v;
+    }
+    return d == 0;
 }
 
 static void pool_free(tg__pool *p)
@@ -99,7 +125,8 @@ static tg_status pool_rehash(tg__pool *p, uint32_t cap)
     int32_t *t = calloc(cap, sizeof *t);
     if (!t) return tg__err(TG_ERR_NOMEM, "out of memory growing the tape's interned records");
     for (int32_t id = 0; id < p->n; id++) {
-        uint32_t h = pool_hash(tg__pool_at(p, id, p->size), p->size) & (cap - 1);
+        const void *rec = tg__pool_at(p, id, p->size);
+        uint32_t h = pool_hash(rec, pool_bytes(p, rec)) & (cap - 1);
         while (t[h]) h = (h + 1) & (cap - 1);
         t[h] = id + 1;
     }
@@ -115,10 +142,11 @@ static int32_t pool_intern(tg__pool *p, const void *rec)
 {
     if (((uint64_t)p->n + 1) * 2 > p->cap && pool_rehash(p, p->cap ? p->cap * 2 : 64))
         return -1;
-    uint32_t h = pool_hash(rec, p->size) & (p->cap - 1);
+    size_t bytes = pool_bytes(p, rec);
+    uint32_t h = pool_hash(rec, bytes) & (p->cap - 1);
     for (; p->table[h]; h = (h + 1) & (p->cap - 1)) {
         int32_t id = p->table[h] - 1;
-        if (memcmp(tg__pool_at(p, id, p->size), rec, p->size) == 0) return id;
+        if (same_words(tg__pool_at(p, id, p->size), rec, bytes)) return id;
     }
     if (p->n == INT32_MAX - 1) {
         tg__err(TG_ERR_NOMEM, "too many distinct shapes on one tape");
@@ -141,6 +169,11 @@ static int32_t pool_intern(tg__pool *p, const void *rec)
     return id;
 }
 
+static inline bool spec_is(const tg_spec *s, const tg_tensor *t)
+{
+    return s->dtype == t->dtype && tg__same_shape(s->ndim, s->shape, t->ndim, t->shape);
+}
+
 /* t's spec in the tape's pool, interned; -1 when out of memory. */
 static int32_t intern_spec(tg_tape *tape, const tg_tensor *t)
 {
@@ -152,9 +185,12 @@ static int32_t intern_spec(tg_tape *tape, const tg_tensor *t)
     return pool_intern(&tape->specs, &s);
 }
 
-static inline bool spec_is(const tg_spec *s, const tg_tensor *t)
+/* hint's id when it is t's spec (an id from an earlier record: it may
+ * have been forgotten or reused since, so it is checked), else interned. */
+static inline int32_t spec_hinted(tg_tape *tape, const tg_tensor *t, int32_t hint)
 {
-    return s->dtype == t->dtype && tg__same_shape(s->ndim, s->shape, t->ndim, t->shape);
+    if (hint >= 0 && hint < tape->specs.n && spec_is(tg__node_spec(tape, hint), t)) return hint;
+    return intern_spec(tape, t);
 }
 
 /* attrs' id, -1 when all zero (most ops); -2 when out of memory. */
@@ -167,7 +203,7 @@ static bool attrs_zero(const tg_op_attrs *a)
     return any == 0;
 }
 
-static int32_t intern_attrs(tg_tape *tape, const tg_op_attrs *a)
+static int32_t intern_attrs(tg_tape *tape, const tg_op_attrs *a, const tg_node *was)
 {
     if (attrs_zero(a)) return -1;
     tg_op_attrs z;
@@ -177,6 +213,10 @@ static int32_t intern_attrs(tg_tape *tape, const tg_op_attrs *a)
     z.nints = a->nints;
     z.flag = a->flag;
     z.target = a->target;
+    /* was's attrs, when they are these (checked as spec_hinted does) */
+    if (was && was->attrs >= 0 && was->attrs < tape->attrs.n &&
+        same_words(tg__pool_at(&tape->attrs, was->attrs, sizeof z), &z, sizeof z))
+        return was->attrs;
     int32_t id = pool_intern(&tape->attrs, &z);
     return id < 0 ? -2 : id;
 }
@@ -429,12 +469,16 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
      * never change), the output's most often the first input's; only
      * the others are hashed. */
     int32_t in_spec[TG_OP_MAX_INPUTS], out_spec = -1;
-    int32_t attrs_id = attrs == &tg__zero_attrs ? -1 : intern_attrs(tape, attrs);
+    /* The node this one overwrites, from an earlier record (a training
+     * loop records the same ops in the same order every step): its ids
+     * are tried before hashing, each checked against the values. */
+    const tg_node *was = tape->nnodes < tape->nodes_seen ? &tape->nodes[tape->nnodes] : NULL;
+    int32_t attrs_id = attrs == &tg__zero_attrs ? -1 : intern_attrs(tape, attrs, was);
     bool ok = attrs_id != -2;
     for (int i = 0; i < nin; i++) {
         tg_tensor *t = in[i];
         if (!tracked[i]) {
-            in_spec[i] = intern_spec(tape, t);
+            in_spec[i] = spec_hinted(tape, t, was && i < was->nin ? was->in_spec[i] : -1);
         } else if (!t->is_leaf) {
             in_spec[i] = tape->nodes[t->node].out_spec;
         } else if (t->spec_epoch == tape->spec_epoch) {
@@ -445,9 +489,12 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         }
         ok = ok && in_spec[i] >= 0;
     }
-    if (ok)
-        out_spec = nin && spec_is(tg__node_spec(tape, in_spec[0]), out) ? in_spec[0]
-                                                                        : intern_spec(tape, out);
+    if (ok) {
+        int32_t hint = was ? was->out_spec : -1;
+        if (!(hint >= 0 && hint < tape->specs.n && spec_is(tg__node_spec(tape, hint), out)))
+            hint = nin ? in_spec[0] : -1; /* most ops: the first input's */
+        out_spec = spec_hinted(tape, out, hint);
+    }
     tg_tensor **kept = NULL;
     if (__builtin_expect(!ok || (nextra > 0 && !recompute) || tape->nnodes == tape->capnodes, 0) &&
         (out_spec < 0 || node_room(tape, recompute ? 0 : nextra, &kept))) {
@@ -520,6 +567,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     out->nograd = nograd;
     n->out_slot = out->slot;
     tape->nnodes++;
+    if (tape->nnodes > tape->nodes_seen) tape->nodes_seen = tape->nnodes;
     /* Filed once the node exists; on failure the node stays, unpacked
      * values missing: its backward would fail, so the op fails now. */
     if (packed && (st = tg__hooks_file(tape, tape->nnodes - 1, nin, handles, packed))) return st;

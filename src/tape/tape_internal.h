@@ -98,6 +98,7 @@ struct tg_tape {
     tg_tape_opts opts;
     tg_node *nodes;
     int64_t nnodes, capnodes;
+    int64_t nodes_seen;    /* nodes[0 .. nodes_seen) were written by some record */
     tg__pool specs;        /* tg_spec, tail of shape zeroed */
     uint32_t spec_epoch;   /* bumped when specs is cleared (tg_tensor.spec_epoch) */
     tg__pool attrs;        /* tg_op_attrs, padding zeroed */
