@@ -341,6 +341,12 @@ static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len
                                &out_spec, NULL, &nextra, rn->grad, dst,
                                r->s->tape->profiling ? &rn->bwd_ns : NULL);
     for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
+    /* This node's value and gradient are read by nobody after its
+     * backward (its consumers ran before it): freed now, so that a
+     * block holds fewer buffers at once. */
+    tg_tensor_release(rn->val);
+    tg_tensor_release(rn->grad);
+    rn->val = rn->grad = NULL;
     return st;
 }
 
