@@ -760,3 +760,73 @@ Test(tape, grad_ready_notifies_each_leaf_once_its_gradient_is_whole)
     cr_assert_eq(tg_tape_set_grad_ready(NULL, log_ready, NULL), TG_ERR_NULL);
     tg_tape_free(tape); /* the leaves belong to the suite's scope */
 }
+
+/* ---- Backwards that write over the gradient they are handed.
+ *
+ * A pointwise backward (tanh, sigmoid, ...) and mul's may write their
+ * result over the incoming gradient when the sweep holds the only
+ * reference to it (tg_op_ctx's gout_scratch); anomaly mode turns that off.
+ * The same function is differentiated both ways: every gradient must come
+ * out bitwise the same, and an interior gradient the caller asked for
+ * (which the sweep keeps a reference to) must not be overwritten. */
+#define SCRATCH_N 300
+
+static tg_tensor *scratch_model(tg_tape *tape, const double *xv, const double *wv, tg_tensor **x,
+                                tg_tensor **w, tg_tensor **h)
+{
+    *x = leaf(tape, SCRATCH_N, xv);
+    *w = leaf(tape, SCRATCH_N, wv);
+    *h = tg_mul(tg_sigmoid(*x), *w);  /* mul: both inputs need gradients */
+    tg_tensor *sq = tg_mul(*x, *x);   /* x * x: one product, two uses */
+    tg_tensor *t = tg_tanh(*h);
+    return tg_sum(tg_mul(tg_exp(tg_mul(t, sq)), t));
+}
+
+static void scratch_run(bool anomaly, bool interior, const double *xv, const double *wv,
+                        double *gx, double *gw, double *gh)
+{
+    tg_tape *tape = tg_tape_new(&(tg_tape_opts){.anomaly = anomaly});
+    tg_tensor *x, *w, *h;
+    tg_tensor *loss = scratch_model(tape, xv, wv, &x, &w, &h);
+    cr_assert_not_null(loss, "%s", tg_last_error_message());
+    if (!interior) {
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        cr_assert_eq(tg_tensor_copy_out(tg_grad(x), gx, SCRATCH_N * sizeof(double)), TG_OK);
+        cr_assert_eq(tg_tensor_copy_out(tg_grad(w), gw, SCRATCH_N * sizeof(double)), TG_OK);
+    } else {
+        tg_tensor *in[3] = {x, w, h}, *g[3];
+        cr_assert_eq(tg_grad_of(1, &loss, NULL, 3, in, g, NULL), TG_OK, "%s",
+                     tg_last_error_message());
+        double *out[3] = {gx, gw, gh};
+        for (int i = 0; i < 3; i++) /* scope-owned */
+            cr_assert_eq(tg_tensor_copy_out(g[i], out[i], SCRATCH_N * sizeof(double)), TG_OK);
+    }
+    tg_tape_free(tape);
+}
+
+Test(tape, backwards_over_their_incoming_gradient_keep_the_bits)
+{
+    double xv[SCRATCH_N], wv[SCRATCH_N];
+    for (int i = 0; i < SCRATCH_N; i++) {
+        xv[i] = sin(0.37 * i) * 1.3;
+        wv[i] = cos(0.11 * i) * 0.9 + 0.05;
+    }
+    static double gx[4][SCRATCH_N], gw[4][SCRATCH_N], gh[2][SCRATCH_N];
+    scratch_run(true, false, xv, wv, gx[0], gw[0], NULL);  /* nothing written over */
+    scratch_run(false, false, xv, wv, gx[1], gw[1], NULL);
+    scratch_run(true, true, xv, wv, gx[2], gw[2], gh[0]);
+    scratch_run(false, true, xv, wv, gx[3], gw[3], gh[1]);
+    for (int k = 1; k < 4; k++) {
+        cr_expect(memcmp(gx[0], gx[k], sizeof gx[0]) == 0, "x's gradient differs in run %d", k);
+        cr_expect(memcmp(gw[0], gw[k], sizeof gw[0]) == 0, "w's gradient differs in run %d", k);
+    }
+    cr_expect(memcmp(gh[0], gh[1], sizeof gh[0]) == 0,
+              "the interior gradient asked for was overwritten");
+    /* And the values are the derivative: d/dh of sum(exp(tanh(h) x^2) tanh(h)). */
+    for (int i = 0; i < SCRATCH_N; i++) {
+        double s = 1 / (1 + exp(-xv[i])), h = s * wv[i], t = tanh(h), q = xv[i] * xv[i];
+        double e = exp(t * q), dt = e * q * t + e, want = dt * (1 - t * t);
+        cr_expect(fabs(gh[1][i] - want) <= 1e-12 * fmax(1, fabs(want)),
+                  "dL/dh[%d] = %.17g, want %.17g", i, gh[1][i], want);
+    }
+}

@@ -28,6 +28,12 @@ struct tg_op_ctx {
     /* Replay (tape/replay.c): the recorded output, handed out once by
      * tg_op_ctx_new_output so that forward writes into it; else NULL. */
     tg_tensor *reuse;
+    /* Backward: the gradient the engine passes in is its own to drop after
+     * the call (no other reference to it or its storage, contiguous,
+     * untracked, no hook watching): a pointwise backward may write its
+     * result over it instead of allocating (built-in ops only; see
+     * map_bwd and mul_bwd). */
+    bool gout_scratch;
 };
 
 /* The context of one call of op on nin inputs in (specs in_spec, output
@@ -45,7 +51,7 @@ static inline tg_op_ctx tg__op_ctx(const tg_op *op, const tg_op_attrs *attrs, in
     return (tg_op_ctx){
         .op = op, .attrs = attrs, .nin = nin, .in = in, .in_spec = in_spec, .out = out,
         .out_spec = out_spec, .backend = backend, .needs = needs, .extra = extra,
-        .nextra = nextra, .forward = forward, .reuse = NULL,
+        .nextra = nextra, .forward = forward, .reuse = NULL, .gout_scratch = false,
     };
 }
 

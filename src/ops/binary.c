@@ -58,15 +58,37 @@ static bool same_values(const tg_tensor *a, const tg_tensor *b)
     return true;
 }
 
+/* g * v written over g, when the engine gives g up (tg_op_ctx's
+ * gout_scratch: g is untracked), nothing records the product (under
+ * create_graph a tracked v must make a recorded mul) and nothing
+ * broadcasts: the kernel with the operands in grad_times's order, so the
+ * same products, without a new buffer. The caller's last use of g. */
+static tg_tensor *grad_times_over(tg_op_ctx *ctx, tg_tensor *g, tg_tensor *v)
+{
+    if (!ctx->gout_scratch || tg__records(v) || !v->contiguous || v->dtype != g->dtype ||
+        v->backend != g->backend || !tg__same_shape(g->ndim, g->shape, v->ndim, v->shape))
+        return grad_times(g, v);
+    ctx->gout_scratch = false;
+    tg_spec sp;
+    tg__spec_of(g, &sp);
+    tg__binary_kernel(TG_K_MUL, &sp, g, v, tg__tensor_ptr(g));
+    return tg__scope_track(tg_tensor_retain(g));
+}
+
 static tg_status mul_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     tg_tensor *a = tg_op_ctx_input(ctx, 0), *b = tg_op_ctx_input(ctx, 1);
-    if (tg_op_ctx_needs_grad(ctx, 0)) gin[0] = tg__unbroadcast(grad_times(g, b), tg_op_ctx_input_spec(ctx, 0));
+    bool need0 = tg_op_ctx_needs_grad(ctx, 0), need1 = tg_op_ctx_needs_grad(ctx, 1);
+    bool same = same_values(a, b);
+    /* g is read last by the last product made: that one may go over it. */
+    if (need0)
+        gin[0] = tg__unbroadcast(need1 && !same ? grad_times(g, b) : grad_times_over(ctx, g, b),
+                                 tg_op_ctx_input_spec(ctx, 0));
     /* x * x: both gradients are g * x, the same products: made once. */
-    if (tg_op_ctx_needs_grad(ctx, 1) && gin[0] && same_values(a, b))
+    if (need1 && gin[0] && same)
         gin[1] = gin[0];
-    else if (tg_op_ctx_needs_grad(ctx, 1))
-        gin[1] = tg__unbroadcast(grad_times(g, a), tg_op_ctx_input_spec(ctx, 1));
+    else if (need1)
+        gin[1] = tg__unbroadcast(grad_times_over(ctx, g, a), tg_op_ctx_input_spec(ctx, 1));
     return finish(gin, ctx);
 }
 

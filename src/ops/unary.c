@@ -92,7 +92,11 @@ static tg_status map_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin, const
         s->dtype == gout->dtype &&
         s->backend == gout->backend &&
         tg__same_shape(s->ndim, s->shape, gout->ndim, gout->shape)) {
-        tg_tensor *gx = tg__tensor_empty(s->dtype, s->ndim, s->shape, s->backend);
+        /* Over gout when the engine gives it up (each element reads its
+         * own gout element before writing it: the same values). */
+        tg_tensor *gx = ctx->gout_scratch ? tg_tensor_retain(gout)
+                                          : tg__tensor_empty(s->dtype, s->ndim, s->shape,
+                                                             s->backend);
         if (!gx) return tg_last_error();
         run_grad(d, s, gout, gx, ctx->attrs);
         gin[0] = tg__scope_track(gx);

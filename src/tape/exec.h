@@ -42,6 +42,17 @@ static inline bool tg__sole_holder(const tg_tensor *t, const tg_tensor *src)
            tg__same_shape(t->ndim, t->shape, src->ndim, src->shape);
 }
 
+/* Whether a backward may overwrite its incoming gradient g: the sweep's
+ * reference is the only one to it and to its storage (so nobody can see
+ * the write: a gradient kept for the caller, a seed, a view of another
+ * gradient all hold more), it is contiguous and untracked (not under
+ * create_graph), and no node hook or anomaly check reads it afterwards. */
+static inline bool tg__gout_scratch(const struct tg_tape *tape, const tg_tensor *g)
+{
+    return g && g->refcount == 1 && g->storage->refcount == 1 && g->contiguous &&
+           !g->scope_owned && !g->tape && !tape->watch;
+}
+
 /* *dst += src, taking src's reference; *dst may be NULL (then it becomes
  * src). In place (tg__add_into) where the sum may overwrite *dst, else
  * through the public add op: the same kernel, operands and order either
@@ -53,6 +64,14 @@ static inline tg_status tg__grad_accumulate(tg_tensor **dst, tg_tensor *src)
         return TG_OK;
     }
     if (tg__sole_holder(*dst, src)) {
+        tg__add_into(*dst, src);
+        tg_tensor_release(src);
+        return TG_OK;
+    }
+    /* One gradient passed twice (x * x hands g x to both inputs): its two
+     * references are these two, so g x + g x may go over it. */
+    if (*dst == src && src->refcount == 2 && src->storage->refcount == 1 && src->contiguous &&
+        !src->scope_owned && !src->tape) {
         tg__add_into(*dst, src);
         tg_tensor_release(src);
         return TG_OK;
@@ -120,6 +139,7 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
     tg_tensor *gin[TG_OP_MAX_INPUTS] = {0};
     tg_op_ctx ctx = tg__op_ctx(n->op, tg__node_attrs(tape, n), n->nin, in, in_spec, out, out_spec, (tg_backend)n->backend,
                                needs, extra, nextra, false);
+    ctx.gout_scratch = tg__gout_scratch(tape, gout);
     tg_scope_begin();
     uint64_t t0 = ns ? tg__now_ns() : 0;
     tg__in_op++;
