@@ -79,6 +79,7 @@ tg_status tg__replay_mark(tg_tape *tape, bool begin)
     tg__replay_op *e = prog_push(tape);
     if (!e) return TG_ERR_NOMEM;
     e->kind = begin ? STEP_BEGIN : STEP_END;
+    tape->prog_marks = true;
     return TG_OK;
 }
 
@@ -102,6 +103,7 @@ void tg__replay_free(tg_tape *tape)
     free(tape->prog);
     tape->prog = NULL;
     tape->nprog = tape->capprog = 0;
+    tape->prog_marks = tape->replay_armed = false;
 }
 
 tg_status tg_tape_input(tg_tape *tape, tg_tensor *t)
@@ -173,8 +175,9 @@ static tg_status check_values(tg_tape *tape, int n, tg_tensor *const *inputs,
 }
 
 /* Runs step e: its forward into e->out, then its node as dispatch records
- * it. */
-static tg_status run_step(tg_tape *tape, tg__replay_op *e)
+ * it, or (rearm: the index of the next node of the kept record) the node
+ * the last replay recorded for it, given back its saves. */
+static tg_status run_step(tg_tape *tape, tg__replay_op *e, int64_t *rearm)
 {
     if (e->kind == STEP_BEGIN) return tg_checkpoint_begin(tape);
     if (e->kind == STEP_END) return tg_checkpoint_end(tape);
@@ -228,7 +231,11 @@ static tg_status run_step(tg_tape *tape, tg__replay_op *e)
     if (st) goto drop;
     if (tape->opts.anomaly && e->record && (st = tg__anomaly_forward(tape, op, n, e->in, e->out)))
         goto drop;
-    if (e->record) {
+    if (e->record && rearm) {
+        st = tg__tape_rearm(tape, &tape->nodes[(*rearm)++], e->in, args, e->tracked, e->out,
+                            extra, nextra);
+        nextra = 0; /* taken, kept or released */
+    } else if (e->record) {
         /* The output's old record holds a reference to the tape; the new
          * one takes its own. */
         if (e->out->tape) {
@@ -244,6 +251,34 @@ drop:
     for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);
     tg__op_args_release(n, args, copied);
     return st;
+}
+
+/* Whether this replay may keep the record the last one made and give its
+ * nodes back their saves (tg__tape_rearm) instead of recording them again:
+ * the same bits, since the nodes are those a new record would make, only
+ * where the record holds no choice that a new one could make otherwise or
+ * state a reset drops: the NONE policy, no segments, no pack or gradient
+ * hooks, no anomaly mode, and the record untouched since (same generation,
+ * nothing recorded after it), each recorded step's output still node k of
+ * it. Elsewhere the replay records again. */
+static bool can_rearm(const tg_tape *tape)
+{
+    if (!tape->replay_armed || tape->armed_gen != tape->gen || tape->armed_nodes != tape->nnodes ||
+        tape->opts.policy != TG_CHECKPOINT_NONE || tape->prog_marks || tape->segment_depth ||
+        tape->opts.anomaly || tape->watch || tape->any_hooks || tape->nhooks ||
+        tape->nleaf_hooks || tape->pack || tape->npacks)
+        return false;
+    int64_t k = 0;
+    for (int64_t j = 0; j < tape->nprog; j++) {
+        const tg__replay_op *e = &tape->prog[j];
+        if (e->kind != STEP_OP || !e->record) continue;
+        const tg_tensor *o = e->out;
+        if (k >= tape->nnodes || o->tape != tape || o->is_leaf || o->gen != tape->gen ||
+            o->node != k || tape->nodes[k].op != e->op || tape->nodes[k].nin != e->nin)
+            return false;
+        k++;
+    }
+    return k == tape->nnodes;
 }
 
 tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tensor *const *values)
@@ -268,10 +303,23 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
         if ((st = copy_elems(inputs[k], values[k]))) return st;
         tg__tensor_written(inputs[k]);
     }
-    tg__tape_reset_record(tape);
+    bool fast = can_rearm(tape);
+    int64_t node = 0;
+    if (fast) {
+        /* The nodes stay; what a backward with retain (or a partial
+         * tg_grad_of) left saved goes, as a reset would drop it. */
+        for (int64_t k = 0; k < tape->nnodes; k++)
+            if (!tape->nodes[k].consumed) tg__node_release_saved(tape, &tape->nodes[k]);
+        tape->saved_peak = tape->saved_bytes;
+        tape->writes_at_first = atomic_load_explicit(&tg__writes, memory_order_relaxed);
+    } else {
+        tg__tape_reset_record(tape);
+    }
+    tape->replay_armed = false;
     tape->replaying = true;
     int32_t label = tape->cur_label;
-    for (int64_t k = 0; k < tape->nprog && st == TG_OK; k++) st = run_step(tape, &tape->prog[k]);
+    for (int64_t k = 0; k < tape->nprog && st == TG_OK; k++)
+        st = run_step(tape, &tape->prog[k], fast ? &node : NULL);
     tape->cur_label = label;
     tape->replaying = false;
     if (st) {
@@ -280,6 +328,9 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
         tg__tape_reset_record(tape);
         return st;
     }
+    tape->replay_armed = true;
+    tape->armed_gen = tape->gen;
+    tape->armed_nodes = tape->nnodes;
     return TG_OK;
 }
 
