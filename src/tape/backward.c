@@ -177,7 +177,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             }
             int64_t hoist[TG_REGION_SPAN];
             int nhoist = 0;
-            int64_t lo = tg__region_find(&s, i, hoist, &nhoist);
+            int64_t lo = tg__region_at(&s, i, hoist, &nhoist);
             if (lo < i) {
                 /* A run of pointwise recompute nodes: recomputed and
                  * differentiated block by block (region.c), after the

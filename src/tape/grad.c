@@ -173,7 +173,7 @@ static int64_t region_of(graph_sweep *g, int64_t top, int64_t *hoist, int *nhois
 {
     *nhoist = 0;
     if (g->create || g->retain || g->s.tape->watch) return top;
-    int64_t lo = tg__region_find(&g->s, top, hoist, nhoist);
+    int64_t lo = tg__region_at(&g->s, top, hoist, nhoist);
     if (top - lo + 1 - *nhoist < REGION_MIN_MEMBERS) {
         *nhoist = 0;
         return top;

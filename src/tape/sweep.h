@@ -52,6 +52,16 @@ TG_INTERNAL tg_status tg__sweep_rematerialize(sweep_state *s, int64_t j);
  * s->grads and its nodes are consumed. */
 #define TG_REGION_SPAN 128
 TG_INTERNAL int64_t tg__region_find(sweep_state *s, int64_t top, int64_t *hoist, int *nhoist);
+/* tg__region_find with its first test inline: most nodes' outputs are too
+ * small to start a run, and the sweep asks at every node. */
+static inline int64_t tg__region_at(sweep_state *s, int64_t top, int64_t *hoist, int *nhoist)
+{
+    if (!s->tape->nodes[top].region_size) {
+        *nhoist = 0;
+        return top;
+    }
+    return tg__region_find(s, top, hoist, nhoist);
+}
 TG_INTERNAL tg_status tg__region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g);
 
 #endif

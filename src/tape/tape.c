@@ -320,12 +320,6 @@ size_t tg_tape_saved_peak_bytes(const tg_tape *tape)
     return tape ? tape->saved_peak : 0;
 }
 
-bool tg__tensor_live(const tg_tensor *t)
-{
-    if (!t->tape || t->tape->dead) return false;
-    return t->is_leaf || t->gen == t->tape->gen;
-}
-
 tg_status tg__err_stale(const char *op, int argi, const tg_tensor *t)
 {
     if (t->tape->dead)

@@ -164,8 +164,12 @@ struct tg_tape {
 };
 
 /* A tensor's tape record is live: leaf of a live tape, or recorded in the
- * tape's current generation. */
-TG_INTERNAL bool tg__tensor_live(const tg_tensor *t);
+ * tape's current generation. Inline: dispatch and replay ask per input. */
+static inline bool tg__tensor_live(const tg_tensor *t)
+{
+    if (!t->tape || t->tape->dead) return false;
+    return t->is_leaf || t->gen == t->tape->gen;
+}
 /* Explains why t is not live, as a TG_ERR_STALE for op's argument argi. */
 TG_INTERNAL tg_status tg__err_stale(const char *op, int argi, const tg_tensor *t);
 /* Gradient slot of a live tracked tensor in its tape's generation (assigns
