@@ -240,6 +240,25 @@ static const float texp_lo[16] = {
         return blend(-(int32_t)(a < 0.625f), tanh_small_##SFX(x), tanh_mid_##SFX(x)); \
     }
 
+/* Fewer than FEW_MAX floats (a scalar tape's one-element tensors): each
+ * through the scalar formula of its own regime, chosen by a branch on its
+ * |x| (the chunk check below would choose the same for a chunk of one, and
+ * the regime loops' scalar tails run these formulas: the same bits),
+ * without the chunk check and the loops' set-up, which cost a one-element
+ * tanh about 70 instructions. tanh_big is tanh_mid with the clamp that
+ * |x| >= 44 needs. */
+#define FEW_MAX 4
+#define FEW(expr)                                                                   \
+    if (n < FEW_MAX) {                                                              \
+        const float *xf = xv;                                                       \
+        float *yf = yv;                                                             \
+        for (int64_t i = 0; i < n; i++) {                                           \
+            float x = xf[i];                                                        \
+            yf[i] = (expr);                                                         \
+        }                                                                           \
+        return;                                                                     \
+    }
+
 #define VMATH_LOOPS(SFX)                                                            \
     /* The elementwise loops check a chunk of CHUNK floats, finding the            \
      * smallest and largest |x| of the chunk from the bits (NaN compares above      \
@@ -252,12 +271,16 @@ static const float texp_lo[16] = {
     static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
     {                                                                               \
         (void)p;                                                                    \
+        FEW((f_bits(x) & INT32_MAX) < EXP_SAFE_BITS ? texp_fast_##SFX(x)          \
+                                                        : texp_full_##SFX(x));                                                    \
         CHUNKS(SFX, if (hi < EXP_SAFE_BITS) RUN(SFX, vexp_fast); /* normal */       \
                     else ONCE(SFX, vexp_full);)                                     \
     }                                                                               \
     static void tanh_f32_##SFX(int64_t n, const void *xv, void *yv, double p)  \
     {                                                                               \
         (void)p;                                                                    \
+        FEW((f_bits(x) & INT32_MAX) < TANH_SPLIT_BITS ? tanh_small_##SFX(x)         \
+                                                         : tanh_big_##SFX(x));                                                    \
         CHUNKS(SFX, if (lo >= TANH_SPLIT_BITS && hi < TANH_NOCLAMP_BITS)            \
                         RUN(SFX, vtanh_mid);                                        \
                     else if (lo >= TANH_SPLIT_BITS) RUN(SFX, vtanh_big);            \
@@ -269,6 +292,8 @@ static const float texp_lo[16] = {
     static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p) \
     {                                                                               \
         (void)p;                                                                    \
+        FEW(1.0f / (1.0f + ((f_bits(x) & INT32_MAX) < EXP_SAFE_BITS                  \
+                                ? texp_fast_##SFX(-x) : texp_full_##SFX(-x))));                                   \
         CHUNKS(SFX, if (hi < EXP_SAFE_BITS) RUN(SFX, vsigmoid_fast);                \
                     else ONCE(SFX, vsigmoid_full);)                                 \
     }                                                                               \
