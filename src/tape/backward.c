@@ -17,7 +17,8 @@
 static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
 {
     tg_node *n = &s->tape->nodes[idx];
-    if (!tg__node_needs(n)) return TG_OK;
+    unsigned needs = tg__node_needs(n);
+    if (!needs) return TG_OK;
     tg_tensor **dst[TG_OP_MAX_INPUTS];
     for (int i = 0; i < n->nin; i++) dst[i] = n->in_slot[i] >= 0 ? &s->grads[n->in_slot[i]] : NULL;
     uint64_t ns = 0, *pns = s->tape->profiling ? &ns : NULL;
@@ -28,7 +29,7 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     const tg_spec *out_spec = tg__node_out_spec(s->tape, n);
     if (!n->recompute) {
         int nextra = n->nextra;
-        st = tg__exec_backward(s->tape, n, n->in_saved, in_spec, n->out_saved, out_spec, n->extra,
+        st = tg__exec_backward(s->tape, n, needs, n->in_saved, in_spec, n->out_saved, out_spec, n->extra,
                                &nextra, gout, dst, pns);
     } else {
         unsigned saves = n->op->saves;
@@ -41,7 +42,7 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
             st = tg__sweep_rematerialize(s, idx);
         if (!st) st = tg__sweep_input_args(s, n, saves, args);
         if (st) return st;
-        st = tg__exec_backward(s->tape, n, args, in_spec, (saves & TG_SAVE_OUTPUT) ? out : NULL,
+        st = tg__exec_backward(s->tape, n, needs, args, in_spec, (saves & TG_SAVE_OUTPUT) ? out : NULL,
                                out_spec, s->extra[idx], &s->nextra[idx], gout, dst, pns);
         for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
     }

@@ -122,7 +122,8 @@ static inline tg_status tg__bad_grad(const tg_node *n, const tg_spec *want, cons
                    tg_shape_str(want->ndim, want->shape, a, sizeof a));
 }
 
-/* Runs n's backward on the output gradient gout (borrowed), with in
+/* Runs n's backward (needs: tg__node_needs(n), which its callers have
+ * already) on the output gradient gout (borrowed), with in
  * (in_spec), out (out_spec), extra and *nextra as in tg__op_ctx's
  * backward case, all borrowed. For each input i that needs a gradient
  * (tg__node_needs) the gradient must come back with in_spec[i]'s dtype
@@ -131,11 +132,10 @@ static inline tg_status tg__bad_grad(const tg_node *n, const tg_spec *want, cons
  * order. On failure nothing is accumulated into any dst (unless the
  * accumulation itself fails midway) and the error is recorded. ns: as in
  * tg__exec_forward, for the backward call. */
-static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, const tg_node *n, tg_tensor *const *in, const tg_spec *in_spec,
+static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, const tg_node *n, unsigned needs, tg_tensor *const *in, const tg_spec *in_spec,
                             tg_tensor *out, const tg_spec *out_spec, tg_tensor **extra,
                             int *nextra, tg_tensor *gout, tg_tensor **const *dst, uint64_t *ns)
 {
-    unsigned needs = tg__node_needs(n);
     tg_tensor *gin[TG_OP_MAX_INPUTS] = {0};
     tg_op_ctx ctx = tg__op_ctx(n->op, tg__node_attrs(tape, n), n->nin, in, in_spec, out, out_spec, (tg_backend)n->backend,
                                needs, extra, nextra, false);

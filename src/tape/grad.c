@@ -131,7 +131,7 @@ static tg_status graph_node(graph_sweep *g, int64_t idx, tg_tensor *gout)
         const char *outer = tg__backward_of;
         tg__backward_of = nd.op->name;
         tg_spec spec_buf[TG_OP_MAX_INPUTS];
-        st = tg__exec_backward(s->tape, &nd, args, tg__node_in_specs(s->tape, &nd, spec_buf), out, tg__node_out_spec(s->tape, &nd),
+        st = tg__exec_backward(s->tape, &nd, needs, args, tg__node_in_specs(s->tape, &nd, spec_buf), out, tg__node_out_spec(s->tape, &nd),
                                extra, &nextra, gout, dst, pns);
         tg__backward_of = outer;
         if (pns) tg__profile_backward(s->tape, nd.op, ns);

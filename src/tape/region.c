@@ -336,7 +336,7 @@ static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len
     }
     int nextra = 0;
     if (!st)
-        st = tg__exec_backward(r->s->tape, n, args, in_spec,
+        st = tg__exec_backward(r->s->tape, n, tg__node_needs(n), args, in_spec,
                                (saves & TG_SAVE_OUTPUT) ? rn->val : NULL,
                                &out_spec, NULL, &nextra, rn->grad, dst,
                                r->s->tape->profiling ? &rn->bwd_ns : NULL);

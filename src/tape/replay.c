@@ -174,6 +174,46 @@ static tg_status check_values(tg_tape *tape, int n, tg_tensor *const *inputs,
     return TG_OK;
 }
 
+/* Node n, made by recording out = n->op(in) under the NONE policy outside
+ * any segment, in this generation, with no pack hooks, gets back what that
+ * record gave it (the saves from seen, the extras, the borrowed leaves,
+ * the versions) after a replay wrote new values into the same tensors: what
+ * tg__tape_record does for a plain NONE node, on the node it made. Its
+ * saves must have been released. Takes the extras. TG_ERR_NOMEM (recorded)
+ * when the extras' array cannot be had: then n keeps nothing and stays
+ * consumed. */
+static tg_status node_rearm(tg_tape *tape, tg_node *n, tg_tensor *const *in, tg_tensor *const *seen,
+                            const bool *tracked, tg_tensor *out, tg_tensor **extra, int nextra)
+{
+    if (nextra > 0) {
+        if (!(n->extra = malloc((size_t)nextra * sizeof *n->extra))) {
+            for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);
+            return tg__err(TG_ERR_NOMEM, "out of memory for a node's kept tensors");
+        }
+        for (int i = 0; i < nextra; i++) {
+            n->extra[i] = extra[i];
+            tg__tape_charge(tape, n, tg__kept_bytes(extra[i]));
+        }
+        n->nextra = (uint8_t)nextra;
+    }
+    unsigned saves = n->op->saves;
+    for (int i = 0; i < n->nin; i++) {
+        n->in_saved[i] = (saves & TG_SAVE_INPUT(i)) ? tg_tensor_retain(seen[i]) : NULL;
+        tg__tape_charge(tape, n, tg__kept_bytes(n->in_saved[i]));
+        n->in_val[i] = (!n->in_saved[i] && tracked[i] && in[i]->is_leaf) ? in[i] : NULL;
+        const tg_tensor *c = (tracked[i] && in[i]->is_leaf) ? in[i]
+                             : n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
+        n->in_chk[i] = c;
+        n->in_ver[i] = c ? c->storage->version : 0;
+    }
+    n->out_saved = (saves & TG_SAVE_OUTPUT) ? tg_tensor_retain(out) : NULL;
+    tg__tape_charge(tape, n, tg__tensor_bytes(n->out_saved));
+    n->out_ver = out->storage->version;
+    n->out_written = false;
+    n->consumed = false;
+    return TG_OK;
+}
+
 /* Runs step e: its forward into e->out, then its node as dispatch records
  * it, or (rearm: the index of the next node of the kept record) the node
  * the last replay recorded for it, given back its saves. */
@@ -232,8 +272,8 @@ static tg_status run_step(tg_tape *tape, tg__replay_op *e, int64_t *rearm)
     if (tape->opts.anomaly && e->record && (st = tg__anomaly_forward(tape, op, n, e->in, e->out)))
         goto drop;
     if (e->record && rearm) {
-        st = tg__tape_rearm(tape, &tape->nodes[(*rearm)++], e->in, args, e->tracked, e->out,
-                            extra, nextra);
+        st = node_rearm(tape, &tape->nodes[(*rearm)++], e->in, args, e->tracked, e->out, extra,
+                            nextra);
         nextra = 0; /* taken, kept or released */
     } else if (e->record) {
         /* The output's old record holds a reference to the tape; the new
@@ -254,7 +294,7 @@ drop:
 }
 
 /* Whether this replay may keep the record the last one made and give its
- * nodes back their saves (tg__tape_rearm) instead of recording them again:
+ * nodes back their saves (node_rearm) instead of recording them again:
  * the same bits, since the nodes are those a new record would make, only
  * where the record holds no choice that a new one could make otherwise or
  * state a reset drops: the NONE policy, no segments, no pack or gradient

@@ -568,41 +568,6 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     return TG_OK;
 }
 
-tg_status tg__tape_rearm(tg_tape *tape, tg_node *n, tg_tensor *const *in, tg_tensor *const *seen,
-                         const bool *tracked, tg_tensor *out, tg_tensor **extra, int nextra)
-{
-    /* What tg__tape_record does for a plain NONE node, on the node it
-     * made: the same saves (the same tensors, now with new values), so
-     * that backward runs as after a new record. */
-    if (nextra > 0) {
-        if (!(n->extra = malloc((size_t)nextra * sizeof *n->extra))) {
-            for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);
-            return tg__err(TG_ERR_NOMEM, "out of memory for a node's kept tensors");
-        }
-        for (int i = 0; i < nextra; i++) {
-            n->extra[i] = extra[i];
-            tg__tape_charge(tape, n, tg__kept_bytes(extra[i]));
-        }
-        n->nextra = (uint8_t)nextra;
-    }
-    unsigned saves = n->op->saves;
-    for (int i = 0; i < n->nin; i++) {
-        n->in_saved[i] = (saves & TG_SAVE_INPUT(i)) ? tg_tensor_retain(seen[i]) : NULL;
-        tg__tape_charge(tape, n, tg__kept_bytes(n->in_saved[i]));
-        n->in_val[i] = (!n->in_saved[i] && tracked[i] && in[i]->is_leaf) ? in[i] : NULL;
-        const tg_tensor *c = (tracked[i] && in[i]->is_leaf) ? in[i]
-                             : n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
-        n->in_chk[i] = c;
-        n->in_ver[i] = c ? c->storage->version : 0;
-    }
-    n->out_saved = (saves & TG_SAVE_OUTPUT) ? tg_tensor_retain(out) : NULL;
-    tg__tape_charge(tape, n, tg__tensor_bytes(n->out_saved));
-    n->out_ver = out->storage->version;
-    n->out_written = false;
-    n->consumed = false;
-    return TG_OK;
-}
-
 /* ---- versions: writes after recording */
 
 _Atomic uint64_t tg__writes;

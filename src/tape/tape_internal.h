@@ -345,15 +345,5 @@ TG_INTERNAL struct tg_tape *tg__replay_tape_of(int n, tg_tensor *const *in);
 TG_INTERNAL void tg__replay_free(struct tg_tape *tape);
 /* Drops the record as tg_tape_reset does, keeping the program. */
 TG_INTERNAL void tg__tape_reset_record(struct tg_tape *tape);
-/* Replay without re-recording (replay.c): node n, made by recording out =
- * n->op(in) under the NONE policy outside any segment, in this generation,
- * with no pack hooks, gets back what that record gave it (the saves from
- * seen, the extras, the borrowed leaves, the versions) after a replay
- * wrote new values into the same tensors; its saves must have been
- * released. Takes the extras. TG_ERR_NOMEM (recorded) when the extras'
- * array cannot be had: then n keeps nothing and stays consumed. */
-TG_INTERNAL tg_status tg__tape_rearm(struct tg_tape *tape, tg_node *n, tg_tensor *const *in,
-                                     tg_tensor *const *seen, const bool *tracked,
-                                     tg_tensor *out, tg_tensor **extra, int nextra);
 
 #endif
