@@ -251,7 +251,10 @@ tg_status tg_tape_set_grad_ready(tg_tape *tape, tg_grad_ready_fn fn, void *userd
 tg_status tg_tape_input(tg_tape *tape, tg_tensor *t);
 /* Copies values[k] into inputs[k] (each marked with tg_tape_input; values
  * NULL: the inputs' current values, e.g. written in place; values[k] may be
- * inputs[k]), drops the record and runs the recorded forward again. Errors
+ * inputs[k]), drops the record and runs the recorded forward again (from
+ * the second replay on, under NONE with no segments, hooks or anomaly mode,
+ * it keeps the record the last replay made and gives its nodes back their
+ * saves instead: the same record, made faster). Errors
  * (nothing changed but the inputs' values): TG_ERR_INVALID without
  * opts.replay, with nothing recorded, for an input not marked, or when
  * called inside a backward or an op; TG_ERR_DTYPE, TG_ERR_SHAPE or
