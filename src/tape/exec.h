@@ -24,33 +24,39 @@ static inline unsigned tg__node_needs(const tg_node *n)
     return needs;
 }
 
-/* When the sweep holds the only reference to dst and to its storage (not
- * a view of another gradient, not a tensor anyone else can see, neither
- * it nor src recorded on a tape: under create_graph an untracked first
- * contribution, a constant, must not absorb a tracked one), the sum is
- * written into dst itself: the add kernel
- * with the same operands in the same order, so the same bits, without a
- * new buffer per contribution (a weight used at every step of an RNN gets
- * one per step). Kernels read contiguous operands only, so src must be
+/* Whether t (contiguous, untracked, owned by no scope) and its storage are
+ * reachable only through the refs references its caller holds: then
+ * nobody else can see a write into it (a gradient kept for the caller, a
+ * seed, a view of another gradient all hold more). */
+static inline bool tg__held_only(const tg_tensor *t, int refs)
+{
+    return t->refcount == refs && t->storage->refcount == 1 && t->contiguous &&
+           !t->scope_owned && !t->tape;
+}
+
+/* When the sweep holds the only reference to dst (tg__held_only: under
+ * create_graph an untracked first contribution, a constant, must not
+ * absorb a tracked one, so src must be untracked too), the sum is written
+ * into dst itself: the add kernel with the same operands in the same
+ * order, so the same bits, without a new buffer per contribution (a weight
+ * used at every step of an RNN gets one per step). src may be dst itself
+ * (x * x hands one gradient g x to both inputs): its two references are
+ * then the sweep's. Kernels read contiguous operands only, so src must be
  * contiguous too (a broadcast gradient, stride 0, is not). */
 static inline bool tg__sole_holder(const tg_tensor *t, const tg_tensor *src)
 {
-    return t->refcount == 1 && t->storage->refcount == 1 && t->contiguous && src->contiguous &&
-           !t->scope_owned && !t->tape && !src->tape && t != src &&
-           t->storage != src->storage &&
+    if (t == src) return tg__held_only(t, 2);
+    return tg__held_only(t, 1) && src->contiguous && !src->tape && t->storage != src->storage &&
            t->dtype == src->dtype && t->backend == src->backend &&
            tg__same_shape(t->ndim, t->shape, src->ndim, src->shape);
 }
 
-/* Whether a backward may overwrite its incoming gradient g: the sweep's
- * reference is the only one to it and to its storage (so nobody can see
- * the write: a gradient kept for the caller, a seed, a view of another
- * gradient all hold more), it is contiguous and untracked (not under
- * create_graph), and no node hook or anomaly check reads it afterwards. */
+/* Whether a backward may overwrite its incoming gradient g: the sweep
+ * holds its only reference (tg__held_only), and no node hook or anomaly
+ * check reads it afterwards. */
 static inline bool tg__gout_scratch(const struct tg_tape *tape, const tg_tensor *g)
 {
-    return g && g->refcount == 1 && g->storage->refcount == 1 && g->contiguous &&
-           !g->scope_owned && !g->tape && !tape->watch;
+    return g && tg__held_only(g, 1) && !tape->watch;
 }
 
 /* *dst += src, taking src's reference; *dst may be NULL (then it becomes
@@ -64,14 +70,6 @@ static inline tg_status tg__grad_accumulate(tg_tensor **dst, tg_tensor *src)
         return TG_OK;
     }
     if (tg__sole_holder(*dst, src)) {
-        tg__add_into(*dst, src);
-        tg_tensor_release(src);
-        return TG_OK;
-    }
-    /* One gradient passed twice (x * x hands g x to both inputs): its two
-     * references are these two, so g x + g x may go over it. */
-    if (*dst == src && src->refcount == 2 && src->storage->refcount == 1 && src->contiguous &&
-        !src->scope_owned && !src->tape) {
         tg__add_into(*dst, src);
         tg_tensor_release(src);
         return TG_OK;
@@ -132,9 +130,12 @@ static inline tg_status tg__bad_grad(const tg_node *n, const tg_spec *want, cons
  * order. On failure nothing is accumulated into any dst (unless the
  * accumulation itself fails midway) and the error is recorded. ns: as in
  * tg__exec_forward, for the backward call. */
-static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, const tg_node *n, unsigned needs, tg_tensor *const *in, const tg_spec *in_spec,
-                            tg_tensor *out, const tg_spec *out_spec, tg_tensor **extra,
-                            int *nextra, tg_tensor *gout, tg_tensor **const *dst, uint64_t *ns)
+static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, const tg_node *n,
+                                                    unsigned needs, tg_tensor *const *in,
+                                                    const tg_spec *in_spec, tg_tensor *out,
+                                                    const tg_spec *out_spec, tg_tensor **extra,
+                                                    int *nextra, tg_tensor *gout,
+                                                    tg_tensor **const *dst, uint64_t *ns)
 {
     tg_tensor *gin[TG_OP_MAX_INPUTS] = {0};
     tg_op_ctx ctx = tg__op_ctx(n->op, tg__node_attrs(tape, n), n->nin, in, in_spec, out, out_spec, (tg_backend)n->backend,

@@ -201,15 +201,10 @@ static tg_status node_rearm(tg_tape *tape, tg_node *n, tg_tensor *const *in, tg_
         n->in_saved[i] = (saves & TG_SAVE_INPUT(i)) ? tg_tensor_retain(seen[i]) : NULL;
         tg__tape_charge(tape, n, tg__kept_bytes(n->in_saved[i]));
         n->in_val[i] = (!n->in_saved[i] && tracked[i] && in[i]->is_leaf) ? in[i] : NULL;
-        const tg_tensor *c = (tracked[i] && in[i]->is_leaf) ? in[i]
-                             : n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
-        n->in_chk[i] = c;
-        n->in_ver[i] = c ? c->storage->version : 0;
     }
     n->out_saved = (saves & TG_SAVE_OUTPUT) ? tg_tensor_retain(out) : NULL;
     tg__tape_charge(tape, n, tg__tensor_bytes(n->out_saved));
-    n->out_ver = out->storage->version;
-    n->out_written = false;
+    tg__node_stamp_versions(n, in, tracked, out);
     n->consumed = false;
     return TG_OK;
 }

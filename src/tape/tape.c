@@ -541,14 +541,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     }
     if (recompute) tg__checkpoint_place(tape, n, in, tracked, checkpoints);
     n->out_spec = out_spec;
-    for (int i = 0; i < nin; i++) {
-        const tg_tensor *c = (tracked[i] && in[i]->is_leaf) ? in[i]
-                             : n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
-        n->in_chk[i] = c;
-        n->in_ver[i] = c ? c->storage->version : 0;
-    }
-    n->out_ver = out->storage->version;
-    n->out_written = false;
+    tg__node_stamp_versions(n, in, tracked, out);
     n->label = tape->cur_label;
     tape->none_bytes += none_add;
 

@@ -262,6 +262,22 @@ static inline void tg__tape_charge(struct tg_tape *tape, tg_node *n, size_t byte
     tape->saved_bytes += bytes;
     if (tape->saved_bytes > tape->saved_peak) tape->saved_peak = tape->saved_bytes;
 }
+/* Stamps node n, its saves made, with the versions of what its backward
+ * checks (tg__tape_check_writes): per input, a tracked leaf itself, else
+ * what it saved or borrowed; and the output's. Recording and replay's
+ * re-arming both stamp this way. */
+static inline void tg__node_stamp_versions(tg_node *n, tg_tensor *const *in, const bool *tracked,
+                                           const tg_tensor *out)
+{
+    for (int i = 0; i < n->nin; i++) {
+        const tg_tensor *c = (tracked[i] && in[i]->is_leaf) ? in[i]
+                             : n->in_saved[i] ? n->in_saved[i] : n->in_val[i];
+        n->in_chk[i] = c;
+        n->in_ver[i] = c ? c->storage->version : 0;
+    }
+    n->out_ver = out->storage->version;
+    n->out_written = false;
+}
 /* TG_ERR_NULL for a NULL tape, TG_ERR_STALE for a freed one, as argument
  * #1 of op. */
 TG_INTERNAL tg_status tg__tape_check(const struct tg_tape *tape, const char *op);

@@ -271,8 +271,8 @@ static const float texp_lo[16] = {
     static void exp_f32_##SFX(int64_t n, const void *xv, void *yv, double p)   \
     {                                                                               \
         (void)p;                                                                    \
-        FEW((f_bits(x) & INT32_MAX) < EXP_SAFE_BITS ? texp_fast_##SFX(x)          \
-                                                        : texp_full_##SFX(x));                                                    \
+        FEW((f_bits(x) & INT32_MAX) < EXP_SAFE_BITS ? texp_fast_##SFX(x)            \
+                                                    : texp_full_##SFX(x));          \
         CHUNKS(SFX, if (hi < EXP_SAFE_BITS) RUN(SFX, vexp_fast); /* normal */       \
                     else ONCE(SFX, vexp_full);)                                     \
     }                                                                               \
@@ -280,7 +280,7 @@ static const float texp_lo[16] = {
     {                                                                               \
         (void)p;                                                                    \
         FEW((f_bits(x) & INT32_MAX) < TANH_SPLIT_BITS ? tanh_small_##SFX(x)         \
-                                                         : tanh_big_##SFX(x));                                                    \
+                                                      : tanh_big_##SFX(x));         \
         CHUNKS(SFX, if (lo >= TANH_SPLIT_BITS && hi < TANH_NOCLAMP_BITS)            \
                         RUN(SFX, vtanh_mid);                                        \
                     else if (lo >= TANH_SPLIT_BITS) RUN(SFX, vtanh_big);            \
@@ -292,8 +292,8 @@ static const float texp_lo[16] = {
     static void sigmoid_f32_##SFX(int64_t n, const void *xv, void *yv, double p) \
     {                                                                               \
         (void)p;                                                                    \
-        FEW(1.0f / (1.0f + ((f_bits(x) & INT32_MAX) < EXP_SAFE_BITS                  \
-                                ? texp_fast_##SFX(-x) : texp_full_##SFX(-x))));                                   \
+        FEW(1.0f / (1.0f + ((f_bits(x) & INT32_MAX) < EXP_SAFE_BITS                 \
+                                ? texp_fast_##SFX(-x) : texp_full_##SFX(-x))));     \
         CHUNKS(SFX, if (hi < EXP_SAFE_BITS) RUN(SFX, vsigmoid_fast);                \
                     else ONCE(SFX, vsigmoid_full);)                                 \
     }                                                                               \
