@@ -122,6 +122,52 @@ Test(threads, exiting_threads_leave_no_per_thread_memory_behind)
     cr_assert_eq(tg_mem_current_bytes(), 0);
 }
 
+/* A thread keeps the large buffers it frees in a cache of its own (600
+ * buffers of 64 KiB here: past its 512 slots, the rest go to the shared
+ * cache) and hands them to the shared cache when it exits. Each thread
+ * below gets back what the one before it left, filled with its own
+ * values; a thread whose exit lost its cache would leave 32 MB behind. */
+#define BIG_N 600
+#define BIG_ELEMS (16384 + 16)
+
+static void *big_buffers(void *arg)
+{
+    double *seen = arg;
+    static tg_tensor *t[BIG_N];
+    for (int i = 0; i < BIG_N; i++) t[i] = tg_full(TG_F32, 1, SHAPE(BIG_ELEMS), (double)i);
+    *seen = 0;
+    for (int i = 0; i < BIG_N; i++) {
+        const float *p = t[i] ? tg_tensor_data_ro(t[i]) : NULL;
+        *seen += p && p[0] == (float)i && p[BIG_ELEMS - 1] == (float)i;
+    }
+    for (int i = 0; i < BIG_N; i++) tg_tensor_release(t[i]);
+    return NULL;
+}
+
+Test(threads, a_thread_hands_its_cached_buffers_on_when_it_exits)
+{
+    size_t base = tg_mem_current_bytes();
+    long before = 0;
+    for (int i = 0; i < 12; i++) {
+        if (i == 2) before = rss_bytes();
+        pthread_t th;
+        double seen = -1;
+        cr_assert_eq(pthread_create(&th, NULL, big_buffers, &seen), 0);
+        cr_assert_eq(pthread_join(th, NULL), 0);
+        cr_assert_eq(seen, BIG_N, "thread %d: %g of %d tensors held their values", i, seen,
+                     BIG_N);
+    }
+    long grown = rss_bytes() - before;
+    if (RSS_MEANINGFUL)
+        cr_assert_lt(grown, 8l << 20, "10 threads grew RSS by %ld KB", grown >> 10);
+    /* And the main thread takes them on the same way. */
+    double seen = -1;
+    big_buffers(&seen);
+    cr_assert_eq(seen, BIG_N);
+    cr_assert_eq(tg_mem_current_bytes(), base);
+    tg_mem_trim();
+}
+
 /* ---- One tape per thread (docs/api.md, "Threads"): each thread owns its
  * model, optimizer, tape and data; what they share is the library's
  * process-wide state (registry, kernel tables, memory accounting, buffer

@@ -133,12 +133,15 @@ int tg_scope_depth(void);
 size_t tg_mem_current_bytes(void);
 size_t tg_mem_peak_bytes(void);
 void tg_mem_reset_peak(void);
-/* Freed buffers of 16 KiB or more are kept (up to 1024 of them, 1 GiB in
- * all) for the next allocation of the same size, since training loops
- * reallocate the same sizes every step; the counters above do not include
+/* Freed buffers of 16 KiB or more are kept for the next allocation of the
+ * same size, since training loops reallocate the same sizes every step:
+ * first in the freeing thread's own cache (up to 512 buffers, 256 MiB),
+ * then in one shared by all threads (up to 1024, 1 GiB), which also gets
+ * a thread's own when the thread exits; the counters above do not include
  * them. Freed tensor headers are kept per thread too (as many as the
- * thread's largest step had alive). tg_mem_trim hands the buffers, and the
- * calling thread's spare headers, back to the allocator. */
+ * thread's largest step had alive). tg_mem_trim hands the shared buffers,
+ * and the calling thread's buffers and spare headers, back to the
+ * allocator. */
 void tg_mem_trim(void);
 /* "jemalloc" or "malloc": the allocator tensor storage goes through. */
 const char *tg_mem_allocator(void);

@@ -8,7 +8,15 @@
  * large extents on free), and the next step pays a page fault per 4 KiB to
  * get them again. The cache holds at most TG_CACHE_SLOTS buffers and
  * TG_CACHE_BYTES in all; the tg_mem_* counters count live tensor data
- * only, never cached buffers. */
+ * only, never cached buffers.
+ *
+ * Each thread keeps the buffers it frees in a cache of its own first (up
+ * to TG_TCACHE_SLOTS and TG_TCACHE_BYTES), without a lock, and takes from
+ * it first; what does not fit goes to the shared cache above, and a
+ * thread's cache goes there when it exits. Two data-parallel workers
+ * sharing one cache took each other's buffers: each reuse then pulled
+ * the buffer's lines from the other core's cache, and the LSTM ran 2
+ * workers at 1.63x one worker where two processes reach 1.9x. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -56,15 +64,37 @@ static struct {
     size_t bytes; /* their bytes */
 } cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* The entry of size n, or where it would go (-1: table full). */
-static int cache_entry(size_t n)
+/* The calling thread's cache: the shared one's layout, no lock. Open
+ * (cap set) once the thread is registered, so that its exit empties it. */
+#if TG_ASAN
+#define TG_TCACHE_SLOTS 0
+#else
+#define TG_TCACHE_SLOTS 512
+#endif
+#define TG_TCACHE_BYTES ((size_t)256 << 20)
+#define TG_TCACHE_SIZES 64
+static TG_THREAD_LOCAL struct {
+    size_t key[TG_TCACHE_SIZES];
+    void *head[TG_TCACHE_SIZES];
+    int n, cap;
+    size_t bytes;
+} tcache;
+
+/* The entry of size n in a table of nk keys (a power of 2), or where it
+ * would go (-1: table full). */
+static int entry_of(const size_t *key, int nk, size_t n)
 {
     size_t h = (size_t)(((n >> 6) * 0x9E3779B97F4A7C15ull) >> 32);
-    for (int k = 0; k < TG_CACHE_SIZES; k++) {
-        int i = (int)((h + (size_t)k) & (TG_CACHE_SIZES - 1));
-        if (cache.key[i] == n || cache.key[i] == 0) return i;
+    for (int k = 0; k < nk; k++) {
+        int i = (int)((h + (size_t)k) & (size_t)(nk - 1));
+        if (key[i] == n || key[i] == 0) return i;
     }
     return -1;
+}
+
+static int cache_entry(size_t n)
+{
+    return entry_of(cache.key, TG_CACHE_SIZES, n);
 }
 
 static void *cache_take(size_t n)
@@ -140,10 +170,71 @@ static void raw_free(void *p, size_t n)
 #endif
 }
 
+static void *tcache_take(size_t n)
+{
+    if (!tcache.n) return NULL;
+    int i = entry_of(tcache.key, TG_TCACHE_SIZES, n);
+    void *p = i >= 0 && tcache.key[i] == n ? tg__stack_pop(&tcache.head[i]) : NULL;
+    if (p) {
+        tcache.bytes -= n;
+        tcache.n--;
+    }
+    return p;
+}
+
+static bool tcache_put(void *p, size_t n)
+{
+    if (!tcache.cap) {
+        if (!TG_TCACHE_SLOTS || !tg__thread_register()) return false;
+        tcache.cap = TG_TCACHE_SLOTS;
+    }
+    if (tcache.n >= tcache.cap || tcache.bytes + n > TG_TCACHE_BYTES) return false;
+    int i = entry_of(tcache.key, TG_TCACHE_SIZES, n);
+    if (i < 0) { /* full of sizes: drop those that hold nothing */
+        size_t key[TG_TCACHE_SIZES];
+        void *head[TG_TCACHE_SIZES];
+        memcpy(key, tcache.key, sizeof key);
+        memcpy(head, tcache.head, sizeof head);
+        memset(tcache.key, 0, sizeof tcache.key);
+        memset(tcache.head, 0, sizeof tcache.head);
+        for (int k = 0; k < TG_TCACHE_SIZES; k++) {
+            if (!head[k]) continue;
+            int j = entry_of(tcache.key, TG_TCACHE_SIZES, key[k]);
+            tcache.key[j] = key[k];
+            tcache.head[j] = head[k];
+        }
+        if ((i = entry_of(tcache.key, TG_TCACHE_SIZES, n)) < 0) return false;
+    }
+    tcache.key[i] = n;
+    tg__stack_push(&tcache.head[i], p);
+    tcache.n++;
+    tcache.bytes += n;
+    return true;
+}
+
+static void raw_free(void *p, size_t n);
+
+/* Empties the calling thread's cache: into the shared one (to_shared),
+ * else back to the allocator. */
+static void tcache_empty(bool to_shared)
+{
+    for (int i = 0; i < TG_TCACHE_SIZES && tcache.n; i++) {
+        void *p;
+        while ((p = tg__stack_pop(&tcache.head[i]))) {
+            tcache.n--;
+            if (!to_shared || !cache_put(p, tcache.key[i])) raw_free(p, tcache.key[i]);
+        }
+        tcache.key[i] = 0;
+    }
+    tcache.n = 0;
+    tcache.bytes = 0;
+}
+
 void *tg__data_alloc(size_t nbytes)
 {
     size_t n = nbytes ? nbytes : 1;
-    void *p = n >= TG_CACHE_MIN ? cache_take(n) : NULL;
+    void *p = NULL;
+    if (n >= TG_CACHE_MIN && !(p = tcache_take(n))) p = cache_take(n);
     if (!p) p = raw_alloc(n);
     if (!p && n >= TG_CACHE_MIN) { /* memory is short: give the cache back */
         tg__data_trim();
@@ -159,12 +250,13 @@ void tg__data_free(void *p, size_t nbytes)
     if (!p) return;
     tg__mem_uncount(nbytes);
     size_t n = nbytes ? nbytes : 1;
-    if (n >= TG_CACHE_MIN && cache_put(p, n)) return;
+    if (n >= TG_CACHE_MIN && (tcache_put(p, n) || cache_put(p, n))) return;
     raw_free(p, n);
 }
 
 void tg__data_trim(void)
 {
+    tcache_empty(false);
     pthread_mutex_lock(&cache.lock);
     for (int i = 0; i < TG_CACHE_SIZES; i++) {
         void *p;
@@ -223,6 +315,12 @@ void tg__mem_uncount(size_t nbytes)
         return;
     }
     if ((mem_delta -= (int64_t)nbytes) < -MEM_BATCH) tg__mem_flush();
+}
+
+void tg__data_thread_exit(void)
+{
+    tcache_empty(true);
+    tcache.cap = 0;
 }
 
 void tg__mem_thread_exit(void)

@@ -162,8 +162,12 @@ TG_INTERNAL void tg__mem_uncount(size_t nbytes);
  * replica steps end with it; tg__mem_thread_exit at thread exit. */
 TG_INTERNAL void tg__mem_flush(void);
 TG_INTERNAL void tg__mem_thread_exit(void);
-/* Hands every cached free buffer back to the allocator (alloc.c). */
+/* Hands the calling thread's cached free buffers and the shared cache's back to
+ * the allocator (alloc.c). */
 TG_INTERNAL void tg__data_trim(void);
+/* Moves the calling thread's cached buffers to the shared cache (or frees
+ * them) and closes its cache: at thread exit. */
+TG_INTERNAL void tg__data_thread_exit(void);
 
 /* ---- tensors (src/core/tensor.c) */
 /* New contiguous tensor with uninitialised data, not scope-tracked. */

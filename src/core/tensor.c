@@ -140,6 +140,7 @@ static void thread_exit(void *unused)
     while (nfree_headers > 0) free(free_headers[--nfree_headers]);
     tg__headers_trim();
     tg__region_trim();
+    tg__data_thread_exit(); /* after the frees above, which may cache buffers */
     tg__mem_thread_exit(); /* last: the frees above are counted */
     /* A later destructor that uses the library registers the thread again
      * (POSIX then runs this one once more). */
