@@ -64,8 +64,10 @@ static struct {
     size_t bytes; /* their bytes */
 } cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/* The calling thread's cache: the shared one's layout, no lock. Open
- * (cap set) once the thread is registered, so that its exit empties it. */
+/* The calling thread's cache: the shared one's layout, no lock. Made at
+ * the thread's first cached free, once the thread is registered (so that
+ * its exit empties and frees it): threads that never free a large buffer
+ * (BLAS workers, say) carry one pointer of thread-local storage. */
 #if TG_ASAN
 #define TG_TCACHE_SLOTS 0
 #else
@@ -73,12 +75,13 @@ static struct {
 #endif
 #define TG_TCACHE_BYTES ((size_t)256 << 20)
 #define TG_TCACHE_SIZES 64
-static TG_THREAD_LOCAL struct {
+typedef struct tcache {
     size_t key[TG_TCACHE_SIZES];
     void *head[TG_TCACHE_SIZES];
-    int n, cap;
+    int n;
     size_t bytes;
 } tcache;
+static TG_THREAD_LOCAL tcache *tc;
 
 /* The entry of size n in a table of nk keys (a power of 2), or where it
  * would go (-1: table full). */
@@ -172,43 +175,46 @@ static void raw_free(void *p, size_t n)
 
 static void *tcache_take(size_t n)
 {
-    if (!tcache.n) return NULL;
-    int i = entry_of(tcache.key, TG_TCACHE_SIZES, n);
-    void *p = i >= 0 && tcache.key[i] == n ? tg__stack_pop(&tcache.head[i]) : NULL;
+    tcache *c = tc;
+    if (!c || !c->n) return NULL;
+    int i = entry_of(c->key, TG_TCACHE_SIZES, n);
+    void *p = i >= 0 && c->key[i] == n ? tg__stack_pop(&c->head[i]) : NULL;
     if (p) {
-        tcache.bytes -= n;
-        tcache.n--;
+        c->bytes -= n;
+        c->n--;
     }
     return p;
 }
 
 static bool tcache_put(void *p, size_t n)
 {
-    if (!tcache.cap) {
-        if (!TG_TCACHE_SLOTS || !tg__thread_register()) return false;
-        tcache.cap = TG_TCACHE_SLOTS;
+    tcache *c = tc;
+    if (!c) {
+        if (!TG_TCACHE_SLOTS || !tg__thread_register() || !(c = calloc(1, sizeof *c)))
+            return false;
+        tc = c;
     }
-    if (tcache.n >= tcache.cap || tcache.bytes + n > TG_TCACHE_BYTES) return false;
-    int i = entry_of(tcache.key, TG_TCACHE_SIZES, n);
+    if (c->n >= TG_TCACHE_SLOTS || c->bytes + n > TG_TCACHE_BYTES) return false;
+    int i = entry_of(c->key, TG_TCACHE_SIZES, n);
     if (i < 0) { /* full of sizes: drop those that hold nothing */
         size_t key[TG_TCACHE_SIZES];
         void *head[TG_TCACHE_SIZES];
-        memcpy(key, tcache.key, sizeof key);
-        memcpy(head, tcache.head, sizeof head);
-        memset(tcache.key, 0, sizeof tcache.key);
-        memset(tcache.head, 0, sizeof tcache.head);
+        memcpy(key, c->key, sizeof key);
+        memcpy(head, c->head, sizeof head);
+        memset(c->key, 0, sizeof c->key);
+        memset(c->head, 0, sizeof c->head);
         for (int k = 0; k < TG_TCACHE_SIZES; k++) {
             if (!head[k]) continue;
-            int j = entry_of(tcache.key, TG_TCACHE_SIZES, key[k]);
-            tcache.key[j] = key[k];
-            tcache.head[j] = head[k];
+            int j = entry_of(c->key, TG_TCACHE_SIZES, key[k]);
+            c->key[j] = key[k];
+            c->head[j] = head[k];
         }
-        if ((i = entry_of(tcache.key, TG_TCACHE_SIZES, n)) < 0) return false;
+        if ((i = entry_of(c->key, TG_TCACHE_SIZES, n)) < 0) return false;
     }
-    tcache.key[i] = n;
-    tg__stack_push(&tcache.head[i], p);
-    tcache.n++;
-    tcache.bytes += n;
+    c->key[i] = n;
+    tg__stack_push(&c->head[i], p);
+    c->n++;
+    c->bytes += n;
     return true;
 }
 
@@ -218,16 +224,17 @@ static void raw_free(void *p, size_t n);
  * else back to the allocator. */
 static void tcache_empty(bool to_shared)
 {
-    for (int i = 0; i < TG_TCACHE_SIZES && tcache.n; i++) {
+    tcache *c = tc;
+    for (int i = 0; c && i < TG_TCACHE_SIZES; i++) {
         void *p;
-        while ((p = tg__stack_pop(&tcache.head[i]))) {
-            tcache.n--;
-            if (!to_shared || !cache_put(p, tcache.key[i])) raw_free(p, tcache.key[i]);
-        }
-        tcache.key[i] = 0;
+        while ((p = tg__stack_pop(&c->head[i])))
+            if (!to_shared || !cache_put(p, c->key[i])) raw_free(p, c->key[i]);
+        c->key[i] = 0;
     }
-    tcache.n = 0;
-    tcache.bytes = 0;
+    if (c) {
+        c->n = 0;
+        c->bytes = 0;
+    }
 }
 
 void *tg__data_alloc(size_t nbytes)
@@ -320,7 +327,8 @@ void tg__mem_uncount(size_t nbytes)
 void tg__data_thread_exit(void)
 {
     tcache_empty(true);
-    tcache.cap = 0;
+    free(tc);
+    tc = NULL;
 }
 
 void tg__mem_thread_exit(void)
