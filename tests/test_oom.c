@@ -39,7 +39,10 @@ static void *(*real_mallocx)(size_t, int);
 /* dlsym may allocate before the real functions are known: from here. */
 static _Alignas(64) unsigned char boot[65536];
 static size_t boot_used;
-static _Thread_local bool resolving;
+/* volatile: dlsym may call malloc while resolve runs, and without it the
+ * compiler may keep the flag in a register across dlsym (its address never
+ * escapes), so the nested call would not see it. */
+static _Thread_local volatile bool resolving;
 
 static _Thread_local bool armed;
 static long countdown; /* allocations left before the failing one */
