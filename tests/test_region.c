@@ -326,3 +326,61 @@ Test(region, grad_of_through_regions_gives_the_plain_sweeps_gradients_bitwise)
             }
     cr_expect_eq(tg_mem_current_bytes(), mem0);
 }
+
+/* The second sweep of a Hessian-vector product records nothing, so it runs
+ * in regions too, through the fused gradient ops the first sweep recorded
+ * under create_graph (tanh_backward, sigmoid_backward, exp_backward,
+ * softplus_backward: flagged pointwise like their maps; softplus's takes
+ * its composite f''). Hv must be the plain sweep's bitwise, and the
+ * blocked sweep must write whole only what leaves the run: the gradient of
+ * x, not one gradient per recorded op. */
+static double *hvp_run(bool plain, int64_t n, size_t *sweep_peak)
+{
+    tg_tape_opts o = {.plain_backward = plain};
+    tg_tape *tape = tg_tape_new(&o);
+    tg_rng rng;
+    tg_rng_seed(&rng, 41);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -1.5, 1.5);
+    tg_tensor *v = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(n), -1, 1);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    tg_scope_begin();
+    tg_tensor *h = tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0)), tg_sigmoid(x));
+    h = tg_add(h, tg_softplus(tg_exp(tg_mul_scalar(x, 0.5)), 1.0, 20.0));
+    tg_tensor *loss = tg_sum(h), *g = NULL, *hv = NULL;
+    tg_grad_opts cg = {.create_graph = true};
+    cr_assert_eq(tg_grad_of(1, &loss, NULL, 1, &x, &g, &cg), TG_OK, "%s",
+                 tg_last_error_message());
+    tg_tensor *s = tg_sum(tg_mul(g, v));
+    cr_assert_not_null(s, "%s", tg_last_error_message());
+    size_t before = tg_mem_current_bytes();
+    tg_mem_reset_peak();
+    cr_assert_eq(tg_grad_of(1, &s, NULL, 1, &x, &hv, NULL), TG_OK, "%s",
+                 tg_last_error_message());
+    *sweep_peak = tg_mem_peak_bytes() - before;
+    double *out = malloc((size_t)n * sizeof *out);
+    cr_assert_not_null(out);
+    cr_assert_eq(tg_tensor_copy_out(hv, out, (size_t)n * sizeof(double)), TG_OK);
+    tg_scope_end();
+    tg_tensor_release(x);
+    tg_tensor_release(v);
+    tg_tape_free(tape);
+    return out;
+}
+
+Test(region, hessian_vector_products_sweep_the_recorded_backward_in_blocks)
+{
+    const int64_t n = 48 * 8192 + 1000; /* 3.1 MB a tensor */
+    size_t mem0 = tg_mem_current_bytes(), blocked_peak, plain_peak;
+    double *blocked = hvp_run(false, n, &blocked_peak);
+    double *plain = hvp_run(true, n, &plain_peak);
+    cr_expect(memcmp(blocked, plain, (size_t)n * sizeof(double)) == 0,
+              "blocked and plain Hessian-vector products differ");
+    size_t whole = (size_t)n * sizeof(double);
+    cr_expect_leq(blocked_peak, whole + ((size_t)3 << 20),
+                  "second sweep peak %zu bytes: more than Hv (%zu) and the blocks",
+                  blocked_peak, whole);
+    cr_expect_gt(plain_peak, 3 * whole, "plain second sweep peak %zu", plain_peak);
+    free(blocked);
+    free(plain);
+    cr_expect_eq(tg_mem_current_bytes(), mem0);
+}

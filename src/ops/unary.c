@@ -306,7 +306,7 @@ static tg_tensor *cos_f2(tg_tensor *x, const tg_op_attrs *a)
         .name = #lname "_backward", .doc = gmath, .arity = 2, .shape = grad_shape,  \
         .forward = lname##_backward_fwd, .backward = lname##_backward_bwd,          \
         .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1), \
-        .sample = lname##_backward_sample,                                          \
+        .flags = TG_OP_POINTWISE, .sample = lname##_backward_sample,                \
     };                                                                              \
     static tg_tensor *lname##_fwd(tg_op_ctx *ctx, tg_tensor *const *in)             \
     {                                                                               \
