@@ -725,3 +725,63 @@ Test(higher_order, tg_backward_ex_misuse_and_options)
     tg_error_clear();
     tg_tape_free(tape);
 }
+
+/* Under create_graph, the product a sum's backward hands a mul (its seed
+ * of 1, broadcast) is the other factor itself: d sum(a*b) / da is b, the
+ * same tensor, with no node recorded for it, and the Hessian-vector
+ * product through it is bitwise the one through a recorded product by an
+ * explicit (materialised) seed of ones. A seed of 2 is multiplied. */
+Test(higher_order, a_sums_seed_of_one_hands_the_other_factor_itself)
+{
+    const int64_t n = 1000;
+    tg_rng rng;
+    tg_rng_seed(&rng, 17);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F64, 1, (int64_t[]){n}, -1.5, 1.5);
+    tg_tensor *v = tg_rand_uniform(&rng, TG_F64, 1, (int64_t[]){n}, -1, 1);
+    tg_tensor *ones = tg_full(TG_F64, 1, (int64_t[]){n}, 1.0);
+    double *hv[2];
+    int64_t recorded[2];
+    for (int explicit_seed = 0; explicit_seed < 2; explicit_seed++) {
+        tg_tape *tape = tg_tape_new(NULL);
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        tg_tensor *a = tg_tanh(x), *b = tg_sigmoid(tg_mul(x, x));
+        tg_tensor *p = tg_mul(a, b);
+        tg_tensor *out = explicit_seed ? p : tg_sum(p), *g[2];
+        tg_tensor *want[2] = {a, x};
+        tg_grad_opts cg = {.create_graph = true};
+        int64_t before = tg_tape_node_count(tape);
+        cr_assert_eq(tg_grad_of(1, &out, explicit_seed ? &ones : NULL, 2, want, g, &cg), TG_OK,
+                     "%s", tg_last_error_message());
+        recorded[explicit_seed] = tg_tape_node_count(tape) - before;
+        if (!explicit_seed) cr_expect_eq(g[0], b, "d sum(a*b)/da is not b itself");
+        else cr_expect_neq(g[0], b);
+        tg_tensor *s = tg_sum(tg_mul(g[1], v)), *h = NULL;
+        cr_assert_eq(tg_grad_of(1, &s, NULL, 1, &x, &h, NULL), TG_OK, "%s",
+                     tg_last_error_message());
+        hv[explicit_seed] = malloc((size_t)n * sizeof(double));
+        cr_assert_eq(tg_tensor_copy_out(h, hv[explicit_seed], (size_t)n * sizeof(double)), TG_OK);
+        tg_tape_free(tape);
+    }
+    cr_expect_eq(memcmp(hv[0], hv[1], (size_t)n * sizeof(double)), 0,
+                 "Hv through the elided product differs from Hv through a recorded one");
+    cr_expect_eq(recorded[1] - recorded[0], 2, "nodes recorded: %lld with the sum, %lld without",
+                 (long long)recorded[0], (long long)recorded[1]);
+    /* A seed of 2 is a product. */
+    tg_tape *tape = tg_tape_new(NULL);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    tg_tensor *a = tg_tanh(x), *b = tg_sigmoid(x), *out = tg_sum(tg_mul(a, b)), *g = NULL;
+    tg_tensor *two = tg_scalar(TG_F64, 2.0);
+    tg_grad_opts cg = {.create_graph = true};
+    cr_assert_eq(tg_grad_of(1, &out, &two, 1, &a, &g, &cg), TG_OK, "%s", tg_last_error_message());
+    cr_expect_neq(g, b);
+    double g0, b0;
+    cr_assert_eq(tg_tensor_get(g, 0, &g0), TG_OK);
+    cr_assert_eq(tg_tensor_get(b, 0, &b0), TG_OK);
+    cr_expect_eq(g0, 2.0 * b0);
+    tg_tape_free(tape);
+    free(hv[0]);
+    free(hv[1]);
+    tg_tensor_release(x);
+    tg_tensor_release(v);
+    tg_tensor_release(ones);
+}

@@ -34,14 +34,31 @@ static tg_status sub_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     return finish(gin, ctx);
 }
 
+/* Whether g's first element is exactly 1 (f32, f64). */
+static bool is_one(const tg_tensor *g)
+{
+    const void *p = tg__tensor_ptr(g);
+    if (g->dtype == TG_F32) return *(const float *)p == 1.0f;
+    if (g->dtype == TG_F64) return *(const double *)p == 1.0;
+    return false;
+}
+
 /* g * v. A gradient that is one value broadcast (a sum's backward hands
  * down a stride-0 view) multiplies as a 0-d tensor, through the kernel's
- * scalar path, instead of being materialised first: the same products. */
+ * scalar path, instead of being materialised first: the same products.
+ * Under create_graph, when that value is an untracked 1 (the seed of a
+ * sum's backward), the product is v itself, bit for bit: v is returned,
+ * and neither this sweep nor the next one through the record runs a pass
+ * of multiplications by 1. (Only where v records: there nothing writes a
+ * gradient in place, so the gradient may be the forward value itself.) */
 static tg_tensor *grad_times(tg_tensor *g, tg_tensor *v)
 {
     bool bcast = g->numel > 1 && tg__same_shape(g->ndim, g->shape, v->ndim, v->shape);
     for (int d = 0; d < g->ndim && bcast; d++) bcast = g->strides[d] == 0;
     if (!bcast) return tg_mul(g, v);
+    if (tg__records(v) && !g->tape && v->contiguous && v->dtype == g->dtype &&
+        v->backend == g->backend && is_one(g))
+        return tg__scope_track(tg_tensor_retain(v));
     tg_tensor *s = tg__scope_track(tg__tensor_view(g, 0, NULL, NULL, g->offset));
     return s ? tg_mul(v, s) : NULL;
 }
