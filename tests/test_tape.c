@@ -330,6 +330,64 @@ Test(tape, reset_frees_saved_tensor_memory)
     tg_tape_free(tape);
 }
 
+/* A backward releases what the nodes it sweeps saved; tg_tape_reset skips
+ * its walk of the record only when nothing is left. Two cases it must not
+ * skip: a branch the backward did not reach, and a checkpoint a recompute
+ * node placed on a node the backward had already released. */
+Test(tape, reset_releases_what_a_backward_left)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = leaf(tape, 1000, (const double[1000]){0});
+    /* x's gradient first, so that what follows adds no lasting memory. */
+    tg_scope_begin();
+    cr_assert_eq(tg_backward(tg_sum(tg_exp(x))), TG_OK, "%s", tg_last_error_message());
+    tg_scope_end();
+    tg_tape_reset(tape);
+    size_t before = tg_mem_current_bytes();
+    tg_scope_begin();
+    tg_tensor *a = tg_exp(x);
+    (void)tg_exp(tg_mul_scalar(x, 2.0)); /* not reached by the backward */
+    cr_assert_eq(tg_backward(tg_sum(a)), TG_OK, "%s", tg_last_error_message());
+    tg_scope_end();
+    cr_assert_eq(tg_tape_saved_bytes(tape), 8000, "the other branch's exp keeps its output");
+    tg_tape_reset(tape);
+    cr_expect_eq(tg_mem_current_bytes(), before, "%zu bytes left after reset (unreached branch)",
+                 tg_mem_current_bytes() - before);
+
+    tg_scope_begin();
+    tg_tensor *y = tg_exp(x);
+    cr_assert_eq(tg_backward(tg_sum(y)), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tape_saved_bytes(tape), 0);
+    cr_assert_eq(tg_checkpoint_begin(tape), TG_OK);
+    tg_tensor *z = tg_tanh(y); /* recomputed from y: y is kept at exp's node */
+    cr_assert_eq(tg_checkpoint_end(tape), TG_OK);
+    cr_assert_not_null(z, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tape_saved_bytes(tape), 8000, "y kept as exp's checkpoint");
+    tg_scope_end();
+    tg_tape_reset(tape);
+    cr_expect_eq(tg_mem_current_bytes(), before, "%zu bytes left after reset (late checkpoint)",
+                 tg_mem_current_bytes() - before);
+
+    /* Every node consumed, and the checkpoint still held: the second sweep
+     * stops at y, so the node that keeps it is not swept again. */
+    tg_scope_begin();
+    y = tg_mul_scalar(x, 2.0);
+    cr_assert_eq(tg_backward(tg_sum(y)), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_checkpoint_begin(tape), TG_OK);
+    tg_tensor *s = tg_sum(tg_tanh(y));
+    cr_assert_eq(tg_checkpoint_end(tape), TG_OK);
+    tg_tensor *gy = NULL;
+    cr_assert_eq(tg_grad_of(1, &s, NULL, 1, &y, &gy, NULL), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tape_saved_bytes(tape), 8000, "y kept as mul_scalar's checkpoint");
+    cr_assert_not_null(gy);
+    tg_scope_end();
+    tg_tape_reset(tape);
+    cr_expect_eq(tg_mem_current_bytes(), before,
+                 "%zu bytes left after reset (late checkpoint, every node consumed)",
+                 tg_mem_current_bytes() - before);
+    tg_tape_free(tape);
+}
+
 Test(tape, interior_tensor_from_before_a_reset_fails_with_stale_in_a_new_op)
 {
     tg_tape *tape = tg_tape_new(NULL);

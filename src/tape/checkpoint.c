@@ -301,6 +301,7 @@ void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const
              * BALANCED's cut of a long chain. */
             if (kept_at(tape, p, n->segment, checkpoints)) {
                 p->ckpt = tg_tensor_retain(in[i]);
+                if (p->consumed) tape->ckpt_late = true; /* tg_tape_reset must release it */
                 p->ckpt_ver = in[i]->storage->version;
                 tg__tape_charge(tape, p, tg__kept_bytes(in[i]));
             }

@@ -205,6 +205,7 @@ static tg_status node_rearm(tg_tape *tape, tg_node *n, tg_tensor *const *in, tg_
     n->out_saved = (saves & TG_SAVE_OUTPUT) ? tg_tensor_retain(out) : NULL;
     tg__tape_charge(tape, n, tg__tensor_bytes(n->out_saved));
     tg__node_stamp_versions(n, in, tracked, out);
+    if (n->consumed) tape->nconsumed--;
     n->consumed = false;
     return TG_OK;
 }

@@ -238,6 +238,10 @@ void tg__tape_unref(tg_tape *tape)
 
 void tg__node_release_saved(tg_tape *tape, tg_node *n)
 {
+    /* Released already: a consumed node gains at most a checkpoint (a later
+     * recompute node reading its output) until replay rearms it. Spares
+     * tg_tape_reset a write to every node of a long record. */
+    if (n->consumed && !n->ckpt) return;
     for (int i = 0; i < n->nin; i++) {
         tg_tensor_release(n->in_saved[i]);
         n->in_saved[i] = NULL;
@@ -259,6 +263,7 @@ void tg__node_release_saved(tg_tape *tape, tg_node *n)
     }
     tape->saved_bytes -= n->saved_bytes;
     n->saved_bytes = 0;
+    if (!n->consumed) tape->nconsumed++;
     n->consumed = true;
 }
 
@@ -273,7 +278,10 @@ void tg__tape_reset_record(tg_tape *tape)
 {
     /* Saved tensors may hold the last references to the tape itself. */
     tg__tape_ref(tape);
-    for (int64_t i = 0; i < tape->nnodes; i++) tg__node_release_saved(tape, &tape->nodes[i]);
+    if (tape->nconsumed < tape->nnodes || tape->ckpt_late)
+        for (int64_t i = 0; i < tape->nnodes; i++) tg__node_release_saved(tape, &tape->nodes[i]);
+    tape->nconsumed = 0;
+    tape->ckpt_late = false;
     tg__hooks_drop_packed(tape);
     tg__hooks_reset(tape);
     tape->nnodes = 0;
@@ -293,6 +301,7 @@ void tg__tape_reset_record(tg_tape *tape)
     tape->segment_id = 0;
     tape->nsegments = 0;
     tape->recomputes = 0;
+    tape->nrecompute = 0;
     tg__tape_unref(tape);
 }
 
@@ -539,7 +548,10 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
         n->extra[n->nextra++] = extra[i];
         tg__tape_charge(tape, n, tg__kept_bytes(extra[i]));
     }
-    if (recompute) tg__checkpoint_place(tape, n, in, tracked, checkpoints);
+    if (recompute) {
+        tg__checkpoint_place(tape, n, in, tracked, checkpoints);
+        tape->nrecompute++;
+    }
     n->out_spec = out_spec;
     tg__node_stamp_versions(n, in, tracked, out);
     n->label = tape->cur_label;

@@ -111,6 +111,12 @@ struct tg_tape {
     int32_t segment_id;    /* id of the open outermost segment, 0 if none */
     int32_t nsegments;     /* ids handed out since the last reset */
     int64_t recomputes;    /* forwards re-run by backward, since the last reset */
+    int64_t nrecompute;    /* recompute nodes recorded since the last reset */
+    /* Nodes a backward released (consumed), since the last reset, and
+     * whether a checkpoint was placed on one after: when every node is
+     * consumed and none took one, tg_tape_reset has nothing to release. */
+    int64_t nconsumed;
+    bool ckpt_late;
     uint64_t writes_at_first; /* tg__writes when this generation's first node was recorded */
     /* Labels: every path pushed so far (interned, kept across resets) and
      * the open ones, innermost last (indices into labels). */
