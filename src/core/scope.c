@@ -57,6 +57,25 @@ int tg_scope_depth(void)
 /* Items from which a scope's end prefetches the headers it releases. */
 #define TG__SCOPE_PREFETCH_FROM 4096
 
+/* A long list (a tape of 10^5 ops and more) outgrows the caches: releases
+ * down to mark + 8 with the headers 8 releases ahead fetched while this
+ * one is freed (the lines release reads: the count, the flags and
+ * pointers, the embedded storage). Out of line: a short scope (every
+ * node's backward runs in one) pays one compare. */
+static __attribute__((noinline, cold)) void release_far(size_t mark)
+{
+    while (S.nitems > mark + 8) {
+        const char *h = (const char *)S.items[S.nitems - 9];
+        __builtin_prefetch(h, 1);
+        __builtin_prefetch(h + 128, 1);
+        __builtin_prefetch(h + 192, 1);
+        __builtin_prefetch(h + 256, 1);
+        tg_tensor *t = S.items[--S.nitems];
+        t->scope_owned = false;
+        tg_tensor_release(t);
+    }
+}
+
 tg_status tg_scope_end(void)
 {
     if (S.overflow) {
@@ -66,20 +85,9 @@ tg_status tg_scope_end(void)
     if (S.depth == 0)
         return tg__err(TG_ERR_SCOPE, "tg_scope_end without a matching tg_scope_begin");
     size_t mark = S.marks[--S.depth], used = S.nitems;
-    /* Release newest first, so results go before what they were built from.
-     * A long list (a tape of 10^5 ops and more) outgrows the caches: the
-     * headers a few releases ahead are fetched while this one is freed
-     * (the lines release reads: the count, the flags and pointers, the
-     * embedded storage). */
-    const bool far = used - mark > TG__SCOPE_PREFETCH_FROM;
+    /* Release newest first, so results go before what they were built from. */
+    if (__builtin_expect(used - mark > TG__SCOPE_PREFETCH_FROM, 0)) release_far(mark);
     while (S.nitems > mark) {
-        if (far && S.nitems - mark > 8) {
-            const char *h = (const char *)S.items[S.nitems - 9];
-            __builtin_prefetch(h, 1);
-            __builtin_prefetch(h + 128, 1);
-            __builtin_prefetch(h + 192, 1);
-            __builtin_prefetch(h + 256, 1);
-        }
         tg_tensor *t = S.items[--S.nitems];
         t->scope_owned = false;
         tg_tensor_release(t);

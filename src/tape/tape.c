@@ -238,10 +238,6 @@ void tg__tape_unref(tg_tape *tape)
 
 void tg__node_release_saved(tg_tape *tape, tg_node *n)
 {
-    /* Released already: a consumed node gains at most a checkpoint (a later
-     * recompute node reading its output) until replay rearms it. Spares
-     * tg_tape_reset a write to every node of a long record. */
-    if (n->consumed && !n->ckpt) return;
     for (int i = 0; i < n->nin; i++) {
         tg_tensor_release(n->in_saved[i]);
         n->in_saved[i] = NULL;
