@@ -5,7 +5,8 @@
 #include "backend/kernels.h"
 #include "core/pool.h"
 
-static tg_kernel_fn table[TG_KERNEL_COUNT][TG_BACKEND_COUNT][TG_DTYPE_COUNT];
+tg_kernel_fn tg__kernel_table[TG_KERNEL_COUNT][TG_BACKEND_COUNT][TG_DTYPE_COUNT];
+#define table tg__kernel_table
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static const char *const names[TG_KERNEL_COUNT] = {
@@ -75,7 +76,3 @@ void tg__backend_init(void)
     pthread_once(&once, init);
 }
 
-tg_kernel_fn tg__kernel(tg_kernel_id id, tg_backend backend, tg_dtype dtype)
-{
-    return table[id][backend][dtype];
-}

@@ -305,8 +305,14 @@ typedef void (*tg_dropout_mask_fn)(int64_t n, uint64_t seed, double p, double sc
 /* The table stores every kernel as this type; TG_KERNEL casts it back. */
 typedef void (*tg_kernel_fn)(void);
 
-/* Lookup: never NULL once the ref set is registered (cpu falls back). */
-TG_INTERNAL tg_kernel_fn tg__kernel(tg_kernel_id id, tg_backend backend, tg_dtype dtype);
+/* The table itself (kernels.c), read inline by tg__kernel. */
+TG_INTERNAL extern tg_kernel_fn tg__kernel_table[TG_KERNEL_COUNT][TG_BACKEND_COUNT][TG_DTYPE_COUNT];
+/* Lookup: never NULL once the ref set is registered (cpu falls back).
+ * Inline: two calls per recorded op (forward and backward kernels). */
+static inline tg_kernel_fn tg__kernel(tg_kernel_id id, tg_backend backend, tg_dtype dtype)
+{
+    return tg__kernel_table[id][backend][dtype];
+}
 TG_INTERNAL void tg__kernel_set(tg_kernel_id id, tg_backend backend, tg_dtype dtype,
                                 tg_kernel_fn fn);
 TG_INTERNAL const char *tg__kernel_name(tg_kernel_id id);

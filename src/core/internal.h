@@ -278,8 +278,64 @@ TG_INTERNAL tg_tensor *const *tg__replica_args(const struct tg__replica *r, int 
                                                tg_tensor *const *in, tg_tensor **sub);
 
 /* ---- scopes (src/core/scope.c) */
-/* Hands t to the innermost scope if one is open. Returns t. */
-TG_INTERNAL tg_tensor *tg__scope_track(tg_tensor *t);
+#define TG__MAX_SCOPES 64
+/* The calling thread's scopes: a stack of owned tensors with one mark per
+ * open scope. One struct, so that a scope call computes one TLS address. */
+typedef struct tg__scopes {
+    tg_tensor **items;
+    size_t nitems, capitems;
+    /* marks: small_marks until the depth passes TG__MAX_SCOPES, then
+     * big_marks (freed back at depth 0) */
+    size_t *marks;
+    size_t *big_marks;
+    int cap; /* of marks */
+    int depth;
+    int overflow; /* scopes opened when the marks could not grow */
+    size_t small_marks[TG__MAX_SCOPES];
+} tg__scopes;
+TG_INTERNAL extern TG_THREAD_LOCAL tg__scopes tg__S;
+/* tg__scope_track when the list is full (grows it; NULL, t released, when
+ * it cannot). */
+TG_INTERNAL tg_tensor *tg__scope_track_grow(tg_tensor *t);
+/* Hands t to the innermost scope if one is open. Returns t (NULL when the
+ * list could not grow: t is then released and the error recorded). */
+static inline tg_tensor *tg__scope_track(tg_tensor *t)
+{
+    tg__scopes *s = &tg__S;
+    if (!t || s->depth == 0) return t;
+    if (__builtin_expect(s->nitems == s->capitems, 0)) return tg__scope_track_grow(t);
+    s->items[s->nitems++] = t;
+    t->scope_owned = true;
+    return t;
+}
+/* tg_scope_begin / tg_scope_end inline, for the node executor's private
+ * scope around every backward call: the common case (marks in place, a
+ * scope around it) here, anything else through the functions. */
+static inline void tg__scope_begin_inline(void)
+{
+    tg__scopes *s = &tg__S;
+    if (__builtin_expect(s->marks && !s->overflow && s->depth < s->cap, 1))
+        s->marks[s->depth++] = s->nitems;
+    else
+        tg_scope_begin();
+}
+static inline void tg__scope_end_inline(void)
+{
+    tg__scopes *s = &tg__S;
+    /* The outermost scope's end may free the arrays (scope.c): not here. */
+    if (__builtin_expect(!s->overflow && s->depth > 0 &&
+                             (s->depth > 1 || (s->capitems <= 4096 && !s->big_marks)),
+                         1)) {
+        size_t mark = s->marks[--s->depth];
+        while (s->nitems > mark) {
+            tg_tensor *t = s->items[--s->nitems];
+            t->scope_owned = false;
+            tg__release(t);
+        }
+    } else {
+        tg_scope_end();
+    }
+}
 /* At thread exit: ends the scopes still open and frees the arrays. */
 TG_INTERNAL void tg__scope_thread_exit(void);
 

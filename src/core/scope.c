@@ -5,22 +5,10 @@
 
 #include "core/internal.h"
 
-#define MAX_SCOPES 64
+#define MAX_SCOPES TG__MAX_SCOPES
+#define S tg__S
 
-/* One thread-local struct rather than a variable each: every scope call
- * (one per backward node, in the executor) then computes one TLS address. */
-static TG_THREAD_LOCAL struct {
-    tg_tensor **items;
-    size_t nitems, capitems;
-    /* marks: small_marks until the depth passes MAX_SCOPES, then big_marks
-     * (freed back at depth 0) */
-    size_t *marks;
-    size_t *big_marks;
-    int cap; /* of marks */
-    int depth;
-    int overflow; /* scopes opened when the marks could not grow */
-    size_t small_marks[MAX_SCOPES];
-} S;
+TG_THREAD_LOCAL tg__scopes tg__S;
 
 static size_t *marks(void)
 {
@@ -112,21 +100,18 @@ tg_status tg_scope_end(void)
     return TG_OK;
 }
 
-tg_tensor *tg__scope_track(tg_tensor *t)
+tg_tensor *tg__scope_track_grow(tg_tensor *t)
 {
-    if (!t || S.depth == 0) return t;
-    if (S.nitems == S.capitems) {
-        size_t cap = S.capitems ? S.capitems * 2 : 256;
-        tg_tensor **p = tg__thread_register() ? realloc(S.items, cap * sizeof *p) : NULL;
-        if (!p) {
-            /* Cannot own it: fail the call rather than leak silently. */
-            tg_tensor_release(t);
-            tg__err(TG_ERR_NOMEM, "out of memory growing the scope");
-            return NULL;
-        }
-        S.items = p;
-        S.capitems = cap;
+    size_t cap = S.capitems ? S.capitems * 2 : 256;
+    tg_tensor **p = tg__thread_register() ? realloc(S.items, cap * sizeof *p) : NULL;
+    if (!p) {
+        /* Cannot own it: fail the call rather than leak silently. */
+        tg_tensor_release(t);
+        tg__err(TG_ERR_NOMEM, "out of memory growing the scope");
+        return NULL;
     }
+    S.items = p;
+    S.capitems = cap;
     S.items[S.nitems++] = t;
     t->scope_owned = true;
     return t;

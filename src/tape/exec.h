@@ -141,7 +141,7 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
     tg_op_ctx ctx = tg__op_ctx(n->op, tg__node_attrs(tape, n), n->nin, in, in_spec, out, out_spec, (tg_backend)n->backend,
                                needs, extra, nextra, false);
     ctx.gout_scratch = tg__gout_scratch(tape, gout);
-    tg_scope_begin();
+    tg__scope_begin_inline();
     uint64_t t0 = ns ? tg__now_ns() : 0;
     tg__in_op++;
     tg_status st = n->op->backward(&ctx, gout, gin);
@@ -150,7 +150,7 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
     /* gin entries are borrowed (scope-owned or gout itself): take our own
      * references before the scope releases its tensors. */
     for (int i = 0; i < n->nin; i++) tg_tensor_retain(gin[i]);
-    tg_scope_end();
+    tg__scope_end_inline();
     if (st == TG_OK) {
         for (int i = 0; i < n->nin && st == TG_OK; i++) {
             if (!(needs & (1u << i))) continue;
