@@ -290,3 +290,58 @@ Test(scope, training_loop_without_reset_still_frees_everything_at_scope_end)
     tg_tensor_release(w);
     cr_assert_eq(tg_mem_current_bytes(), base);
 }
+
+/* The backward runs every node inside a scope of its own, opened and
+ * closed inline on the common path (src/core/internal.h) and through
+ * tg_scope_begin / tg_scope_end otherwise: outside any scope, as the
+ * outermost scope after a long one grew the list past 4096 entries, and
+ * at the depths where the marks outgrow their first array (64). Each
+ * gives the same gradient bits, leaves the depth as it was and the
+ * memory where it started. */
+static void grad_at_depth(int depth, tg_tensor *x, double *g)
+{
+    int before = tg_scope_depth();
+    for (int i = 0; i < depth; i++) tg_scope_begin();
+    tg_tape *tape = tg_tape_new(NULL);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    tg_tensor *t[5];
+    t[0] = tg_mul(x, x);
+    t[1] = tg_tanh(t[0]);
+    t[2] = tg_sigmoid(x);
+    t[3] = tg_mul(t[1], t[2]);
+    t[4] = tg_sum(t[3]);
+    cr_assert_not_null(t[4], "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(t[4]), TG_OK, "depth %d: %s", depth, tg_last_error_message());
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(x), g, 8 * sizeof *g), TG_OK);
+    for (int i = 0; depth == 0 && i < 5; i++) tg_tensor_release(t[i]); /* no scope owns them */
+    for (int i = 0; i < depth; i++) cr_assert_eq(tg_scope_end(), TG_OK);
+    tg_tape_free(tape);
+    cr_assert_eq(tg_scope_depth(), before, "depth %d: scopes left open", depth);
+    tg_grad_zero(x);
+}
+
+Test(scope, backward_keeps_its_bits_and_balance_at_every_depth)
+{
+    tg_tensor *x = tg_tensor_from_data(TG_F64, 1, SHAPE(8),
+                                       (const double[]){-2, -1, -0.5, 0, 0.25, 0.5, 1, 3});
+    cr_assert_not_null(x);
+    size_t base = tg_mem_current_bytes();
+    double want[8], got[8];
+    grad_at_depth(1, x, want);
+    static const int depths[] = {0, 2, 63, 64, 65, 66, 100};
+    for (size_t k = 0; k < sizeof depths / sizeof *depths; k++) {
+        grad_at_depth(depths[k], x, got);
+        cr_expect_eq(memcmp(got, want, sizeof got), 0, "depth %d: other gradient bits", depths[k]);
+    }
+    /* A long scope first: the outermost end then may free the list. */
+    tg_scope_begin();
+    tg_tensor *acc = tg_zeros(TG_F64, 1, SHAPE(2));
+    for (int i = 0; i < 5000; i++) acc = tg_add_scalar(acc, 1.0);
+    cr_assert_eq(tg_scope_end(), TG_OK);
+    grad_at_depth(0, x, got);
+    cr_expect_eq(memcmp(got, want, sizeof got), 0, "after a long scope: other gradient bits");
+    grad_at_depth(1, x, got);
+    cr_expect_eq(memcmp(got, want, sizeof got), 0, "after a long scope: other gradient bits");
+    cr_expect_eq(tg_mem_current_bytes(), base, "%zu bytes left", tg_mem_current_bytes() - base);
+    tg_tensor_release(x);
+}
