@@ -743,48 +743,53 @@ Test(higher_order, a_sums_seed_of_one_hands_the_other_factor_itself)
     double *hv[2];
     int64_t recorded[2];
     for (int pol = 0; pol < 4; pol++) {
-    for (int explicit_seed = 0; explicit_seed < 2; explicit_seed++) {
-        tg_tape *tape = tg_tape_new(&policies[pol]);
-        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
-        tg_tensor *a = tg_tanh(x), *b = tg_sigmoid(tg_mul(x, x));
-        tg_tensor *p = tg_mul(a, b);
-        tg_tensor *out = explicit_seed ? p : tg_sum(p), *g[2];
-        tg_tensor *want[2] = {a, x};
-        tg_grad_opts cg = {.create_graph = true};
-        int64_t before = tg_tape_node_count(tape);
-        cr_assert_eq(tg_grad_of(1, &out, explicit_seed ? &ones : NULL, 2, want, g, &cg), TG_OK,
-                     "%s", tg_last_error_message());
-        recorded[explicit_seed] = tg_tape_node_count(tape) - before;
-        if (!explicit_seed && (pol == 0 || pol == 3)) {
-            cr_expect_eq(g[0], b, "policy %d: d sum(a*b)/da is not b itself", pol);
-        } else if (!explicit_seed) {
-            /* BALANCED and BUDGET drop b and recompute it for the backward:
-             * the factor handed back is that recomputed copy, b's bits. */
-            double gb[1000], bb[1000];
-            cr_assert_eq(tg_tensor_copy_out(g[0], gb, sizeof gb), TG_OK);
-            cr_assert_eq(tg_tensor_copy_out(b, bb, sizeof bb), TG_OK);
-            cr_expect_eq(memcmp(gb, bb, sizeof gb), 0, "policy %d: d sum(a*b)/da is not b", pol);
-        } else {
-            cr_expect_neq(g[0], b);
+        for (int explicit_seed = 0; explicit_seed < 2; explicit_seed++) {
+            tg_tape *tape = tg_tape_new(&policies[pol]);
+            cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+            tg_tensor *a = tg_tanh(x), *b = tg_sigmoid(tg_mul(x, x));
+            tg_tensor *p = tg_mul(a, b);
+            tg_tensor *out = explicit_seed ? p : tg_sum(p), *g[2];
+            tg_tensor *want[2] = {a, x};
+            tg_grad_opts cg = {.create_graph = true};
+            int64_t before = tg_tape_node_count(tape);
+            cr_assert_eq(tg_grad_of(1, &out, explicit_seed ? &ones : NULL, 2, want, g, &cg), TG_OK,
+                         "%s", tg_last_error_message());
+            recorded[explicit_seed] = tg_tape_node_count(tape) - before;
+            if (!explicit_seed && (pol == 0 || pol == 3)) {
+                cr_expect_eq(g[0], b, "policy %d: d sum(a*b)/da is not b itself", pol);
+            } else if (!explicit_seed) {
+                /* BALANCED and BUDGET drop b and recompute it for the backward:
+                 * the factor handed back is that recomputed copy, b's bits. */
+                double gb[1000], bb[1000];
+                cr_assert_eq(tg_tensor_copy_out(g[0], gb, sizeof gb), TG_OK);
+                cr_assert_eq(tg_tensor_copy_out(b, bb, sizeof bb), TG_OK);
+                cr_expect_eq(memcmp(gb, bb, sizeof gb), 0, "policy %d: d sum(a*b)/da is not b",
+                             pol);
+            } else {
+                cr_expect_neq(g[0], b);
+            }
+            tg_tensor *s = tg_sum(tg_mul(g[1], v)), *h = NULL;
+            cr_assert_eq(tg_grad_of(1, &s, NULL, 1, &x, &h, NULL), TG_OK, "%s",
+                         tg_last_error_message());
+            hv[explicit_seed] = malloc((size_t)n * sizeof(double));
+            cr_assert_eq(tg_tensor_copy_out(h, hv[explicit_seed], (size_t)n * sizeof(double)),
+                         TG_OK);
+            tg_tape_free(tape);
         }
-        tg_tensor *s = tg_sum(tg_mul(g[1], v)), *h = NULL;
-        cr_assert_eq(tg_grad_of(1, &s, NULL, 1, &x, &h, NULL), TG_OK, "%s",
-                     tg_last_error_message());
-        hv[explicit_seed] = malloc((size_t)n * sizeof(double));
-        cr_assert_eq(tg_tensor_copy_out(h, hv[explicit_seed], (size_t)n * sizeof(double)), TG_OK);
-        tg_tape_free(tape);
-    }
-    cr_expect_eq(memcmp(hv[0], hv[1], (size_t)n * sizeof(double)), 0,
-                 "policy %d: Hv through the elided product differs from Hv through a recorded "
-                 "one", pol);
-    cr_expect_eq(recorded[1] - recorded[0], 2, "nodes recorded: %lld with the sum, %lld without",
-                 (long long)recorded[0], (long long)recorded[1]);
-    static double first[1000];
-    if (pol == 0) memcpy(first, hv[0], sizeof first);
-    else cr_expect_eq(memcmp(first, hv[0], sizeof first), 0, "policy %d: Hv differs from NONE's",
-                      pol);
-    free(hv[0]);
-    free(hv[1]);
+        cr_expect_eq(memcmp(hv[0], hv[1], (size_t)n * sizeof(double)), 0,
+                     "policy %d: Hv through the elided product differs from Hv through a recorded "
+                     "one", pol);
+        cr_expect_eq(recorded[1] - recorded[0], 2,
+                     "nodes recorded: %lld with the sum, %lld without", (long long)recorded[0],
+                     (long long)recorded[1]);
+        static double first[1000];
+        if (pol == 0)
+            memcpy(first, hv[0], sizeof first);
+        else
+            cr_expect_eq(memcmp(first, hv[0], sizeof first), 0,
+                         "policy %d: Hv differs from NONE's", pol);
+        free(hv[0]);
+        free(hv[1]);
     }
     /* A seed of 2 is a product. */
     tg_tape *tape = tg_tape_new(NULL);

@@ -6,7 +6,6 @@
 #include "core/pool.h"
 
 tg_kernel_fn tg__kernel_table[TG_KERNEL_COUNT][TG_BACKEND_COUNT][TG_DTYPE_COUNT];
-#define table tg__kernel_table
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static const char *const names[TG_KERNEL_COUNT] = {
@@ -22,7 +21,7 @@ const char *tg__kernel_name(tg_kernel_id id)
 
 void tg__kernel_set(tg_kernel_id id, tg_backend backend, tg_dtype dtype, tg_kernel_fn fn)
 {
-    table[id][backend][dtype] = fn;
+    tg__kernel_table[id][backend][dtype] = fn;
 }
 
 /* ref's registration list: every domain file of backend/ref/ exposes one
@@ -66,7 +65,8 @@ static void init(void)
 {
     for (size_t i = 0; i < sizeof ref_register / sizeof ref_register[0]; i++) ref_register[i]();
     for (int k = 0; k < TG_KERNEL_COUNT; k++)
-        for (int d = 0; d < TG_DTYPE_COUNT; d++) table[k][TG_BACKEND_CPU][d] = table[k][TG_BACKEND_REF][d];
+        for (int d = 0; d < TG_DTYPE_COUNT; d++)
+            tg__kernel_table[k][TG_BACKEND_CPU][d] = tg__kernel_table[k][TG_BACKEND_REF][d];
     for (size_t i = 0; i < sizeof cpu_register / sizeof cpu_register[0]; i++) cpu_register[i]();
     tg__pool_default_size(tg__blas_threads());
 }

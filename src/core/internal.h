@@ -308,6 +308,19 @@ static inline tg_tensor *tg__scope_track(tg_tensor *t)
     t->scope_owned = true;
     return t;
 }
+/* An outermost scope's end frees a list of more than this many entries
+ * that the scope used less than a quarter of (scope.c). */
+#define TG__SCOPE_KEEP_ITEMS 4096
+/* Releases the scope's tensors above mark, newest first, so results go
+ * before what they were built from. */
+static inline void tg__scope_release_to(tg__scopes *s, size_t mark)
+{
+    while (s->nitems > mark) {
+        tg_tensor *t = s->items[--s->nitems];
+        t->scope_owned = false;
+        tg__release(t);
+    }
+}
 /* tg_scope_begin / tg_scope_end inline, for the node executor's private
  * scope around every backward call: the common case (marks in place, a
  * scope around it) here, anything else through the functions. */
@@ -324,14 +337,11 @@ static inline void tg__scope_end_inline(void)
     tg__scopes *s = &tg__S;
     /* The outermost scope's end may free the arrays (scope.c): not here. */
     if (__builtin_expect(!s->overflow && s->depth > 0 &&
-                             (s->depth > 1 || (s->capitems <= 4096 && !s->big_marks)),
+                             (s->depth > 1 ||
+                              (s->capitems <= TG__SCOPE_KEEP_ITEMS && !s->big_marks)),
                          1)) {
         size_t mark = s->marks[--s->depth];
-        while (s->nitems > mark) {
-            tg_tensor *t = s->items[--s->nitems];
-            t->scope_owned = false;
-            tg__release(t);
-        }
+        tg__scope_release_to(s, mark);
     } else {
         tg_scope_end();
     }

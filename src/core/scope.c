@@ -6,7 +6,7 @@
 #include "core/internal.h"
 
 #define MAX_SCOPES TG__MAX_SCOPES
-#define S tg__S
+#define S tg__S /* the calling thread's scopes (core/internal.h) */
 
 TG_THREAD_LOCAL tg__scopes tg__S;
 
@@ -73,19 +73,14 @@ tg_status tg_scope_end(void)
     if (S.depth == 0)
         return tg__err(TG_ERR_SCOPE, "tg_scope_end without a matching tg_scope_begin");
     size_t mark = S.marks[--S.depth], used = S.nitems;
-    /* Release newest first, so results go before what they were built from. */
     if (__builtin_expect(used - mark > TG__SCOPE_PREFETCH_FROM, 0)) release_far(mark);
-    while (S.nitems > mark) {
-        tg_tensor *t = S.items[--S.nitems];
-        t->scope_owned = false;
-        tg_tensor_release(t);
-    }
+    tg__scope_release_to(&S, mark);
     if (S.depth == 0) {
         /* A large list is kept while the outermost scopes fill a quarter
          * of it (a training loop's steps: growing it again each step would
          * map fresh pages, about 2 faults per thousand ops), freed after a
          * smaller one. */
-        if (S.capitems > 4096 && used < S.capitems / 4) {
+        if (S.capitems > TG__SCOPE_KEEP_ITEMS && used < S.capitems / 4) {
             free(S.items);
             S.items = NULL;
             S.capitems = 0;
