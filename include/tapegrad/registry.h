@@ -123,6 +123,14 @@ bool tg_op_ctx_needs_grad(const tg_op_ctx *ctx, int i);
 tg_backend tg_op_ctx_backend(const tg_op_ctx *ctx);
 /* Forward: a new uninitialised, contiguous output of the inferred spec. */
 tg_tensor *tg_op_ctx_new_output(tg_op_ctx *ctx);
+/* Backward: an uninitialised, contiguous buffer of input i's spec for its
+ * gradient, borrowed like a tg_* result (set gin[i] to it once every
+ * element is written). Where input i is a parameter whose set holds a
+ * gradient buffer for it and no gradient has reached it yet, this is that
+ * buffer, so the gradient is written once, in place (docs/api.md, gradient
+ * sinks); otherwise a new tensor. NULL after tg_error_set() on a NULL ctx,
+ * an input out of range, or a call from a forward. */
+tg_tensor *tg_op_ctx_new_grad(tg_op_ctx *ctx, int i);
 /* A ready shape rule (a tg_shape_fn) for ops whose output has the dtype and
  * shape of input 0, any dtype; it checks nothing else. */
 tg_status tg_op_shape_same(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,

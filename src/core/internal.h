@@ -92,6 +92,11 @@ struct tg_tensor {
     bool nograd;
     int32_t spec;    /* see spec_epoch */
     tg_tensor *grad; /* leaves: accumulated gradient */
+    /* Leaves of a parameter set: the parameter's view of the set's flat
+     * gradient buffer (borrowed; the set clears it before it lets go).
+     * A backward that finds grad NULL writes the gradient there instead of
+     * into a new tensor (backward.c, "gradient sinks"). NULL otherwise. */
+    tg_tensor *gsink;
     /* The storage of a tensor made by tg__tensor_empty, and its data when
      * small. A view points at its base's; the base's memory then lives
      * until the storage dies. */

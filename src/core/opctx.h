@@ -34,6 +34,12 @@ struct tg_op_ctx {
      * result over it instead of allocating (built-in ops only; see
      * map_bwd and mul_bwd). */
     bool gout_scratch;
+    /* Backward: where sink[i] is set, the engine offers it as input i's
+     * gradient buffer (the leaf's gradient sink, backward.c): an op that
+     * makes that gradient whole in a new tensor may write it there instead
+     * (tg_op_ctx_new_grad, tg__op_ctx_take_sink). Taken at most once. NULL
+     * when nothing is offered. */
+    tg_tensor **sink;
 };
 
 /* The context of one call of op on nin inputs in (specs in_spec, output
@@ -52,7 +58,19 @@ static inline tg_op_ctx tg__op_ctx(const tg_op *op, const tg_op_attrs *attrs, in
         .op = op, .attrs = attrs, .nin = nin, .in = in, .in_spec = in_spec, .out = out,
         .out_spec = out_spec, .backend = backend, .needs = needs, .extra = extra,
         .nextra = nextra, .forward = forward, .reuse = NULL, .gout_scratch = false,
+        .sink = NULL,
     };
+}
+
+/* Backward: the buffer offered for input i's gradient (borrowed), now
+ * taken, or NULL where none is offered (or it was taken). Its dtype and
+ * shape are input i's spec; a taker must write every element of it. */
+static inline tg_tensor *tg__op_ctx_take_sink(tg_op_ctx *ctx, int i)
+{
+    if (!ctx->sink || i < 0 || i >= ctx->nin || !ctx->sink[i]) return NULL;
+    tg_tensor *t = ctx->sink[i];
+    ctx->sink[i] = NULL;
+    return t;
 }
 
 #endif

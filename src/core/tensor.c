@@ -237,6 +237,7 @@ static tg_tensor *header_new(void)
     t->leaf_view = false;
     t->nograd = false;
     t->grad = NULL;
+    t->gsink = NULL;
     return t;
 }
 

@@ -81,7 +81,11 @@ static inline tg_status validate(const tg_op *op, int n, tg_tensor *const *in,
 
 const tg_op_attrs tg__zero_attrs;
 
-tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_attrs *attrs)
+/* tg_op_call, with into (NULL, or a contiguous tensor of the output's
+ * spec) as the buffer tg_op_ctx_new_output hands forward when the call
+ * records nothing. */
+static TG_ALWAYS_INLINE tg_tensor *call(const tg_op *op, int n, tg_tensor *const *in,
+                                        const tg_op_attrs *attrs, tg_tensor *into)
 {
     if (!op) {
         tg__err(TG_ERR_NULL, "bad argument #1 to 'op_call' (NULL op)");
@@ -122,6 +126,10 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     tg_op_ctx ctx = tg__op_ctx(op, attrs, n, args, in_spec, NULL, &out_spec,
                                n ? in[0]->backend : tg_default_backend(), needs, extra, &nextra,
                                true);
+    if (into && !tape && !replay && into->contiguous && into->backend == ctx.backend &&
+        into->dtype == out_spec.dtype &&
+        tg__same_shape(into->ndim, into->shape, out_spec.ndim, out_spec.shape))
+        ctx.reuse = into;
 
     /* A forward built from tg_* ops must not record its inner ops. */
     bool prev_grad_off = tg__grad_disabled;
@@ -167,6 +175,17 @@ tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_
     for (int i = 0; i < nextra; i++) tg_tensor_release(extra[i]);
     tg__op_args_release(n, args, copied);
     return tg__scope_track(out);
+}
+
+tg_tensor *tg_op_call(const tg_op *op, int n, tg_tensor *const *in, const tg_op_attrs *attrs)
+{
+    return call(op, n, in, attrs, NULL);
+}
+
+tg_tensor *tg__call_into(const tg_op *op, int n, tg_tensor *const *in, const tg_op_attrs *attrs,
+                         tg_tensor *into)
+{
+    return call(op, n, in, attrs, into);
 }
 
 tg_tensor *tg__call1(const tg_op *op, tg_tensor *x, const tg_op_attrs *attrs)

@@ -37,6 +37,12 @@ TG_INTERNAL tg_status tg__shape_broadcast_float(const tg_op *op, const tg_op_att
 TG_INTERNAL tg_tensor *tg__call1(const tg_op *op, tg_tensor *x, const tg_op_attrs *attrs);
 TG_INTERNAL tg_tensor *tg__call2(const tg_op *op, tg_tensor *a, tg_tensor *b,
                                  const tg_op_attrs *attrs);
+/* tg_op_call whose forward writes into `into` (a gradient sink a backward
+ * took, tg__op_ctx_take_sink) when the call records nothing and into is
+ * contiguous with the output's dtype, shape and backend; else a plain
+ * call. into may be NULL. */
+TG_INTERNAL tg_tensor *tg__call_into(const tg_op *op, int n, tg_tensor *const *in,
+                                     const tg_op_attrs *attrs, tg_tensor *into);
 
 
 /* Contiguous copy of t (not scope-tracked, untracked), or a new reference

@@ -46,6 +46,22 @@ tg_tensor *tg_op_ctx_new_output(tg_op_ctx *ctx)
     return tg__tensor_empty_spec(ctx->out_spec, ctx->backend);
 }
 
+tg_tensor *tg_op_ctx_new_grad(tg_op_ctx *ctx, int i)
+{
+    if (!ctx) {
+        tg__err_null("op_ctx_new_grad", 1);
+        return NULL;
+    }
+    if (ctx->forward || i < 0 || i >= ctx->nin) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to 'op_ctx_new_grad' (%s)",
+                ctx->forward ? "called from a forward" : "no such input");
+        return NULL;
+    }
+    tg_tensor *t = tg__op_ctx_take_sink(ctx, i);
+    t = t ? tg_tensor_retain(t) : tg__tensor_empty_spec(&ctx->in_spec[i], ctx->backend);
+    return tg__scope_track(t);
+}
+
 tg_status tg_op_shape_same(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
                            tg_spec *out)
 {

@@ -723,9 +723,16 @@ tg_status tg_dist_backward(tg_dist *d, tg_tensor *loss)
     /* This rank's backward; with tg_dist_attach, buckets start as their
      * gradients come in. */
     if (!local) {
+        /* The flat buffer keeps prev through the sweep (apply_grads adds the
+         * reduced sum to it), so no parameter may take it as its gradient
+         * sink (tape/backward.c) meanwhile: each gets a tensor of its own,
+         * staged into its bucket as before. */
+        for (int i = 0; i < ps->n; i++)
+            if (ps->p[i].value->gsink == ps->p[i].gview) ps->p[i].value->gsink = NULL;
         d->in_backward = d->tape != NULL;
         local = tg_backward(loss);
         d->in_backward = false;
+        for (int i = 0; i < ps->n; i++) ps->p[i].value->gsink = ps->p[i].gview;
         if (local) snprintf(msg, sizeof msg, "%s", tg_last_error_message());
     }
     double t1 = now_s();

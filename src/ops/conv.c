@@ -341,11 +341,13 @@ static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     if (tg_op_ctx_needs_grad(ctx, 1)) {
         a.ints[6] = ws->shape[2];
         a.ints[7] = ws->shape[3];
-        gin[1] = tg__call2(&tg__op_conv2d_backward_weight, tg_op_ctx_input(ctx, 0), g, &a);
+        tg_tensor *in[2] = {tg_op_ctx_input(ctx, 0), g};
+        gin[1] = tg__call_into(&tg__op_conv2d_backward_weight, 2, in, &a,
+                               tg__op_ctx_take_sink(ctx, 1));
         if (!gin[1]) return tg_last_error();
     }
     if (tg_op_ctx_needs_grad(ctx, 2)) {
-        gin[2] = tg__call1(&tg__op_bias_grad, g, NULL);
+        gin[2] = tg__call_into(&tg__op_bias_grad, 1, &g, NULL, tg__op_ctx_take_sink(ctx, 2));
         if (!gin[2]) return tg_last_error();
     }
     return TG_OK;

@@ -44,6 +44,10 @@ TG_INTERNAL void tg__bcast3_desc(const tg_spec *out, int n, tg_tensor *const *t,
                                      tg_bcast3 *bc);
 /* g (broadcast shape) summed back to the shape of spec; g itself if equal. */
 TG_INTERNAL tg_tensor *tg__unbroadcast(tg_tensor *g, const tg_spec *spec);
+/* tg_sum_to(x, ndim, shape) written into `into` (tg__call_into): a
+ * backward's gradient into the sink it took. */
+TG_INTERNAL tg_tensor *tg__sum_to_into(tg_tensor *x, int ndim, const int64_t *shape,
+                                       tg_tensor *into);
 
 /* TG_OK if x has at least one dim, else a shape error naming op (arg #1). */
 TG_INTERNAL tg_status tg__need_dims(const tg_op *op, const tg_tensor *x);

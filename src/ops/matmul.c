@@ -5,6 +5,8 @@
 
 #include "ops/helpers.h"
 
+extern const tg_op tg__op_matmul; /* its backward calls it (below) */
+
 static tg_status matmul_shape(const tg_op *op, const tg_op_attrs *attrs, tg_tensor *const *in,
                               tg_spec *out)
 {
@@ -120,8 +122,13 @@ static tg_status matmul_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     tg_tensor *a = tg_op_ctx_input(ctx, 0), *b = tg_op_ctx_input(ctx, 1);
     const tg_spec *sa = tg_op_ctx_input_spec(ctx, 0), *sb = tg_op_ctx_input_spec(ctx, 1);
+    /* A gradient that needs no sum over batch dims goes into the sink the
+     * engine offers, if any (tg__call_into ignores one of another shape). */
     if (tg_op_ctx_needs_grad(ctx, 0)) {
-        tg_tensor *ga = tg_matmul(g, tg_transpose(b, -1, -2));
+        tg_tensor *in[2] = {g, tg_transpose(b, -1, -2)};
+        tg_tensor *ga = in[1] ? tg__call_into(&tg__op_matmul, 2, in, NULL,
+                                              tg__op_ctx_take_sink(ctx, 0))
+                              : NULL;
         gin[0] = (ga && !tg__same_shape(ga->ndim, ga->shape, sa->ndim, sa->shape))
                      ? tg_sum_to(ga, sa->ndim, sa->shape) : ga;
         if (!gin[0]) return tg_last_error();
@@ -138,7 +145,10 @@ static tg_status matmul_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         }
     }
     if (tg_op_ctx_needs_grad(ctx, 1)) {
-        tg_tensor *gb = tg_matmul(tg_transpose(a, -1, -2), g);
+        tg_tensor *in[2] = {tg_transpose(a, -1, -2), g};
+        tg_tensor *gb = in[0] ? tg__call_into(&tg__op_matmul, 2, in, NULL,
+                                              tg__op_ctx_take_sink(ctx, 1))
+                              : NULL;
         gin[1] = (gb && !tg__same_shape(gb->ndim, gb->shape, sb->ndim, sb->shape))
                      ? tg_sum_to(gb, sb->ndim, sb->shape) : gb;
         if (!gin[1]) return tg_last_error();
@@ -220,31 +230,27 @@ static tg_tensor *affine_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 
 /* A contiguous g (the usual case): the same GEMM and reduction kernel calls
  * that matmul and sum_to would make for these shapes (so the same bits),
- * without dispatching three ops. Degenerate dims take the general path,
- * where matmul's layout rules pick other kernel arguments. */
-static tg_tensor *grad_out(const tg_tensor *like, int ndim, const int64_t *shape)
-{
-    tg_tensor *t = tg__tensor_empty(like->dtype, ndim, shape, like->backend);
-    return t ? tg__scope_track(t) : NULL;
-}
+ * without dispatching three ops; each gradient written into the buffer
+ * tg_op_ctx_new_grad gives (a parameter's sink where the engine offers
+ * one). Degenerate dims take the general path, where matmul's layout rules
+ * pick other kernel arguments. */
 
 static tg_status affine_bwd_direct(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin, int64_t m,
                                    int64_t n, int64_t k)
 {
     tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
-    const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0);
     tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, g);
     const void *gp = tg__tensor_ptr(g);
     if (tg_op_ctx_needs_grad(ctx, 0)) {
-        if (!(gin[0] = grad_out(g, xs->ndim, xs->shape))) return tg_last_error();
+        if (!(gin[0] = tg_op_ctx_new_grad(ctx, 0))) return tg_last_error();
         gemm(false, false, m, k, n, gp, n, tg__tensor_ptr(w), k, 0.0, tg__tensor_ptr(gin[0]), k);
     }
     if (tg_op_ctx_needs_grad(ctx, 1)) {
-        if (!(gin[1] = grad_out(g, 2, (int64_t[]){n, k}))) return tg_last_error();
+        if (!(gin[1] = tg_op_ctx_new_grad(ctx, 1))) return tg_last_error();
         gemm(true, false, n, k, m, gp, n, tg__tensor_ptr(x), k, 0.0, tg__tensor_ptr(gin[1]), k);
     }
     if (tg_op_ctx_needs_grad(ctx, 2)) {
-        if (!(gin[2] = grad_out(g, 1, &n))) return tg_last_error();
+        if (!(gin[2] = tg_op_ctx_new_grad(ctx, 2))) return tg_last_error();
         tg_reduce r = {.ndim = 2, .shape = {m, n}, .reduce = {true, false}};
         TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, g)(&r, gp, tg__tensor_ptr(gin[2]));
     }
@@ -270,11 +276,14 @@ static tg_status affine_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     }
     if (tg_op_ctx_needs_grad(ctx, 1)) {
         tg_tensor *x2 = x->ndim == 2 ? x : tg_reshape(x, 2, (int64_t[]){m, k});
-        gin[1] = x2 ? tg_matmul(tg_transpose(g2, 0, 1), x2) : NULL;
+        tg_tensor *in[2] = {tg_transpose(g2, 0, 1), x2};
+        gin[1] = x2 && in[0] ? tg__call_into(&tg__op_matmul, 2, in, NULL,
+                                             tg__op_ctx_take_sink(ctx, 1))
+                             : NULL;
         if (!gin[1]) return tg_last_error();
     }
     if (tg_op_ctx_needs_grad(ctx, 2)) {
-        gin[2] = tg_sum_to(g2, bs->ndim, bs->shape);
+        gin[2] = tg__sum_to_into(g2, bs->ndim, bs->shape, tg__op_ctx_take_sink(ctx, 2));
         if (!gin[2]) return tg_last_error();
     }
     return TG_OK;

@@ -536,6 +536,15 @@ tg_tensor *tg_sum_to(tg_tensor *x, int ndim, const int64_t *shape)
     return call_shape(&tg__op_sum_to, x, ndim, shape);
 }
 
+tg_tensor *tg__sum_to_into(tg_tensor *x, int ndim, const int64_t *shape, tg_tensor *into)
+{
+    if (tg__check_shape(tg__op_sum_to.name, ndim, shape)) return NULL;
+    tg_op_attrs a = {.nints = ndim};
+    for (int i = 0; i < ndim; i++) a.ints[i] = shape[i];
+    tg_tensor *in[1] = {x};
+    return tg__call_into(&tg__op_sum_to, 1, in, &a, into);
+}
+
 tg_tensor *tg_permute(tg_tensor *x, int ndim, const int *perm)
 {
     if (ndim < 0 || ndim > TG_MAX_DIMS || (ndim && !perm)) {

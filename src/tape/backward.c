@@ -2,11 +2,85 @@
  * backward; each node's output gradient is consumed (and freed) when the
  * node is processed, so intermediate gradients and saved tensors go as soon
  * as nothing needs them. Leaf gradients are accumulated only after the sweep
- * succeeds, so a failing backward changes no leaf. */
+ * succeeds, so a failing backward changes no leaf.
+ *
+ * Gradient sinks. A leaf that a parameter set owns carries its view of the
+ * set's flat gradient buffer (gsink). When such a leaf has no gradient yet,
+ * the sweep offers that view to the first backward that makes the leaf's
+ * gradient whole (tg_op_ctx_new_grad, tg__call_into, a pointwise region's
+ * target), adds later contributions into it in place, and at the end makes
+ * it the leaf's gradient: the step allocates nothing for the parameters'
+ * gradients, and tg_params_sync_grad finds them in place. The values and
+ * the order of every sum are the ones a new tensor would get, so the bits
+ * are the same. While the leaf has no gradient its region of the flat
+ * buffer holds nothing anyone reads (sync zero-fills it); a failing
+ * backward zero-fills the regions it was offered, so it still changes no
+ * leaf and leaves zeros there. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tape/sweep.h"
+
+/* The sinks of n's leaf inputs whose gradient slot is empty (offered:
+ * marked taken) or holds the sink already (added into in place), in
+ * sinkv; NULL when there are none. */
+static tg_tensor *const *node_sinks(sweep_state *s, const tg_node *n, tg_tensor **const *dst,
+                                    tg_tensor **sinkv)
+{
+    bool any = false;
+    for (int i = 0; i < n->nin; i++) {
+        sinkv[i] = NULL;
+        if (n->in_node[i] >= 0 || n->in_slot[i] < 0) continue;
+        tg_tensor *k = tg__sweep_sink(s, n->in_slot[i], !*dst[i]);
+        if (k && (!*dst[i] || *dst[i] == k)) {
+            sinkv[i] = k;
+            any = true;
+        }
+    }
+    return any ? sinkv : NULL;
+}
+
+/* The sweep's sinks: every leaf of the tape with a usable gsink and no
+ * gradient yet, sorted by slot, in buf (cap entries) or, past that, a new
+ * array (*nsinks 0 and NULL when there are none or it cannot be had: the
+ * sweep then allocates as usual). */
+static sweep_sink *sinks_init(const tg_tape *tape, sweep_sink *buf, int cap, int *nsinks)
+{
+    int n = 0;
+    *nsinks = 0;
+    for (int32_t i = 0; i < tape->nleaves; i++) {
+        const tg_tensor *l = tape->leaves[i], *k = l->gsink;
+        if (k && !l->grad && l->slot >= 0 && k->contiguous && k->dtype == l->dtype &&
+            k->backend == l->backend && tg__same_shape(k->ndim, k->shape, l->ndim, l->shape))
+            n++;
+    }
+    if (!n) return NULL;
+    sweep_sink *v = n <= cap ? buf : malloc((size_t)n * sizeof *v);
+    if (!v) return NULL;
+    int m = 0;
+    for (int32_t i = 0; i < tape->nleaves && m < n; i++) {
+        tg_tensor *l = tape->leaves[i], *k = l->gsink;
+        if (!(k && !l->grad && l->slot >= 0 && k->contiguous && k->dtype == l->dtype &&
+              k->backend == l->backend && tg__same_shape(k->ndim, k->shape, l->ndim, l->shape)))
+            continue;
+        int j = m++;
+        for (; j > 0 && v[j - 1].slot > l->slot; j--) v[j] = v[j - 1];
+        v[j] = (sweep_sink){.slot = l->slot, .taken = false, .sink = k, .leaf = l};
+    }
+    *nsinks = m;
+    return v;
+}
+
+/* After a failed sweep: zero-fill every sink a backward was offered whose
+ * leaf did not take it as its gradient. */
+static void sinks_clear(const sweep_state *s)
+{
+    for (int k = 0; k < s->nsinks; k++) {
+        const sweep_sink *e = &s->sinks[k];
+        if (e->taken && e->leaf->grad != e->sink)
+            memset(tg__tensor_ptr(e->sink), 0, (size_t)e->sink->numel * tg__esize(e->sink->dtype));
+    }
+}
 
 /* Runs node idx's backward on its output gradient gout through the
  * executor, its gradients accumulated into their slots. A saving node
@@ -21,6 +95,7 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     if (!needs) return TG_OK;
     tg_tensor **dst[TG_OP_MAX_INPUTS];
     for (int i = 0; i < n->nin; i++) dst[i] = n->in_slot[i] >= 0 ? &s->grads[n->in_slot[i]] : NULL;
+    tg_tensor *sinkv[TG_OP_MAX_INPUTS], *const *sink = s->nsinks ? node_sinks(s, n, dst, sinkv) : NULL;
     uint64_t ns = 0, *pns = s->tape->profiling ? &ns : NULL;
     tg_status st = s->tape->watch ? tg__hooks_node_pre(s->tape, idx, gout) : TG_OK;
     if (st) return st;
@@ -30,7 +105,7 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     if (!n->recompute) {
         int nextra = n->nextra;
         st = tg__exec_backward(s->tape, n, needs, n->in_saved, in_spec, n->out_saved, out_spec, n->extra,
-                               &nextra, gout, dst, pns);
+                               &nextra, gout, dst, sink, pns);
     } else {
         unsigned saves = n->op->saves;
         tg_tensor *args[TG_OP_MAX_INPUTS], *out = NULL;
@@ -43,7 +118,7 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
         if (!st) st = tg__sweep_input_args(s, n, saves, args);
         if (st) return st;
         st = tg__exec_backward(s->tape, n, needs, args, in_spec, (saves & TG_SAVE_OUTPUT) ? out : NULL,
-                               out_spec, s->extra[idx], &s->nextra[idx], gout, dst, pns);
+                               out_spec, s->extra[idx], &s->nextra[idx], gout, dst, sink, pns);
         for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
     }
     if (pns) tg__profile_backward(s->tape, n->op, ns);
@@ -155,6 +230,8 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
         grads_give(tape, s.grads, pooled);
         return TG_ERR_NOMEM;
     }
+    sweep_sink sink_buf[16];
+    s.sinks = sinks_init(tape, sink_buf, 16, &s.nsinks);
     tg_tensor **grads = s.grads;
     grads[root] = tg_tensor_retain(seed);
     bool prev = tg_grad_set_enabled(false);
@@ -222,8 +299,9 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             tg_tensor *g = grads[leaf->slot];
             if (!g) continue;
             grads[leaf->slot] = NULL;
-            if (!leaf->grad && (!g->contiguous || g->scope_owned || g->refcount > 1 ||
-                                atomic_load_explicit(&g->storage->refcount, memory_order_relaxed) > 1)) {
+            if (!leaf->grad && g != leaf->gsink &&
+                (!g->contiguous || g->scope_owned || g->refcount > 1 ||
+                 atomic_load_explicit(&g->storage->refcount, memory_order_relaxed) > 1)) {
                 /* A leaf's gradient is contiguous and its own: never a view
                  * or a tensor someone else holds (the seed). */
                 tg_tensor *copy = tg__tensor_empty(g->dtype, g->ndim, g->shape, g->backend);
@@ -240,6 +318,8 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
             if (st != TG_OK) break;
         }
     }
+    if (st != TG_OK && s.nsinks) sinks_clear(&s);
+    if (s.sinks != sink_buf) free(s.sinks);
     if (st == TG_OK && tape->nleaf_hooks) st = tg__hooks_leaves(tape);
     for (int32_t i = 0; i < tape->nslots; i++) tg_tensor_release(grads[i]);
     grads_give(tape, grads, pooled);

@@ -129,18 +129,33 @@ static inline tg_status tg__bad_grad(const tg_node *n, const tg_spec *want, cons
  * do, each is accumulated into *dst[i] (tg__grad_accumulate), in input
  * order. On failure nothing is accumulated into any dst (unless the
  * accumulation itself fails midway) and the error is recorded. ns: as in
- * tg__exec_forward, for the backward call. */
+ * tg__exec_forward, for the backward call.
+ *
+ * sink: NULL, or per input the gradient sink of the leaf whose slot dst[i]
+ * is (NULL: none; backward.c). Where *dst[i] is still empty the backward
+ * is offered it (tg__op_ctx_take_sink: the first input of that slot only,
+ * so two inputs never both write it); where *dst[i] is the sink, the
+ * gradient is added into it in place, as into a sum the sweep owns. */
 static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, const tg_node *n,
                                                     unsigned needs, tg_tensor *const *in,
                                                     const tg_spec *in_spec, tg_tensor *out,
                                                     const tg_spec *out_spec, tg_tensor **extra,
                                                     int *nextra, tg_tensor *gout,
-                                                    tg_tensor **const *dst, uint64_t *ns)
+                                                    tg_tensor **const *dst,
+                                                    tg_tensor *const *sink, uint64_t *ns)
 {
-    tg_tensor *gin[TG_OP_MAX_INPUTS] = {0};
+    tg_tensor *gin[TG_OP_MAX_INPUTS] = {0}, *offer[TG_OP_MAX_INPUTS];
     tg_op_ctx ctx = tg__op_ctx(n->op, tg__node_attrs(tape, n), n->nin, in, in_spec, out, out_spec, (tg_backend)n->backend,
                                needs, extra, nextra, false);
     ctx.gout_scratch = tg__gout_scratch(tape, gout);
+    if (sink) {
+        for (int i = 0; i < n->nin; i++) {
+            offer[i] = (needs & (1u << i)) && sink[i] && !*dst[i] ? sink[i] : NULL;
+            for (int k = 0; k < i && offer[i]; k++)
+                if (dst[k] == dst[i]) offer[i] = NULL;
+        }
+        ctx.sink = offer;
+    }
     tg__scope_begin_inline();
     uint64_t t0 = ns ? tg__now_ns() : 0;
     tg__in_op++;
@@ -166,6 +181,12 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
     }
     for (int i = 0; i < n->nin; i++) {
         if (st != TG_OK || !(needs & (1u << i))) {
+            tg_tensor_release(gin[i]);
+            continue;
+        }
+        if (sink && sink[i] && *dst[i] == sink[i] && gin[i] != sink[i] && gin[i]->contiguous &&
+            !gin[i]->tape && gin[i]->storage != sink[i]->storage) {
+            tg__add_into(sink[i], gin[i]);
             tg_tensor_release(gin[i]);
             continue;
         }

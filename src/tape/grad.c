@@ -132,7 +132,7 @@ static tg_status graph_node(graph_sweep *g, int64_t idx, tg_tensor *gout)
         tg__backward_of = nd.op->name;
         tg_spec spec_buf[TG_OP_MAX_INPUTS];
         st = tg__exec_backward(s->tape, &nd, needs, args, tg__node_in_specs(s->tape, &nd, spec_buf), out, tg__node_out_spec(s->tape, &nd),
-                               extra, &nextra, gout, dst, pns);
+                               extra, &nextra, gout, dst, NULL, pns);
         tg__backward_of = outer;
         if (pns) tg__profile_backward(s->tape, nd.op, ns);
     }

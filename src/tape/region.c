@@ -237,7 +237,13 @@ static tg_status plan(region *r, tg_tensor *g)
                 tg->slot = n->in_slot[i];
                 tg_tensor *was = s->grads[tg->slot];
                 const tg_spec *sp = tg__node_in_spec(s->tape, n, i);
-                tg->out = tg__tensor_empty(sp->dtype, sp->ndim, sp->shape, (tg_backend)n->backend);
+                /* A leaf's gradient sink, where the run makes its first
+                 * gradient (backward.c). */
+                tg_tensor *sink = !was && s->nsinks && n->in_node[i] < 0
+                                      ? tg__sweep_sink(s, tg->slot, true) : NULL;
+                tg->out = sink ? tg_tensor_retain(sink)
+                               : tg__tensor_empty(sp->dtype, sp->ndim, sp->shape,
+                                                  (tg_backend)n->backend);
                 if (!tg->out) {
                     st = TG_ERR_NOMEM;
                     break;
@@ -338,7 +344,7 @@ static tg_status block_backward(region *r, rnode *rn, int64_t start, int64_t len
     if (!st)
         st = tg__exec_backward(r->s->tape, n, tg__node_needs(n), args, in_spec,
                                (saves & TG_SAVE_OUTPUT) ? rn->val : NULL,
-                               &out_spec, NULL, &nextra, rn->grad, dst,
+                               &out_spec, NULL, &nextra, rn->grad, dst, NULL,
                                r->s->tape->profiling ? &rn->bwd_ns : NULL);
     for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
     /* This node's value and gradient are read by nobody after its

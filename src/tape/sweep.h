@@ -12,13 +12,42 @@
  * far (each once, freed when the sweep passes the node that produced it:
  * every consumer comes later in the record, so it has been processed by
  * then). */
+/* A leaf's gradient sink in one sweep (backward.c): its slot, the sink,
+ * and whether a backward was offered it (so may have written it). */
+typedef struct sweep_sink {
+    int32_t slot;
+    bool taken;
+    tg_tensor *sink;
+    tg_tensor *leaf;
+} sweep_sink;
+
 typedef struct sweep_state {
     tg_tape *tape;
     tg_tensor **grads;                      /* [nslots] */
     tg_tensor **vals;                       /* [nnodes] or NULL */
     tg_tensor *(*extra)[TG_OP_MAX_EXTRA];   /* [nnodes] */
     int *nextra;                            /* [nnodes] */
+    sweep_sink *sinks;                      /* [nsinks] by slot, or NULL */
+    int nsinks;
 } sweep_state;
+
+/* The sink of the leaf in slot (NULL: none); take: mark it as offered. */
+static inline tg_tensor *tg__sweep_sink(sweep_state *s, int32_t slot, bool take)
+{
+    int lo = 0, hi = s->nsinks - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (s->sinks[mid].slot == slot) {
+            if (take) s->sinks[mid].taken = true;
+            return s->sinks[mid].sink;
+        }
+        if (s->sinks[mid].slot < slot)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return NULL;
+}
 
 /* ---- recompute (recompute.c) */
 /* Allocates s's recompute state for nodes 0..top when any of them is a

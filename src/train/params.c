@@ -2,9 +2,12 @@
  * gradient buffer) per dtype, so that zeroing, clipping, optimizer steps and
  * saving are single loops. Layout notes in train_internal.h.
  *
- * Gradients: the tape gives each leaf its own gradient tensor. sync_grad
- * copies one that is not yet the parameter's view into the flat gradient
- * buffer and points the leaf's grad at that view instead, so from then on
+ * Gradients: a parameter's value carries its gradient view as its sink
+ * (gsink), so a backward that finds the parameter without a gradient
+ * writes it straight into the flat buffer and makes the view its grad
+ * (tape/backward.c). Any other gradient tensor (a second backward's sum, a
+ * hook's replacement) sync_grad copies into the flat gradient buffer and
+ * points the leaf's grad at that view instead, so from then on
  * the flat buffer IS tg_grad(param): clipping it is visible through tg_grad,
  * and a later backward that accumulates (view + g, a new tensor) is picked
  * up by the next sync. Pointer equality with our own view, which the leaf
@@ -39,6 +42,7 @@ void tg_params_free(tg_params *ps)
     if (!ps) return;
     for (int i = 0; i < ps->n; i++) {
         free(ps->p[i].name);
+        if (ps->p[i].value->gsink == ps->p[i].gview) ps->p[i].value->gsink = NULL;
         tg_tensor_release(ps->p[i].value);
         tg_tensor_release(ps->p[i].gview);
     }
@@ -186,6 +190,7 @@ static tg_tensor *add(tg_params *ps, const char *op, const char *name, tg_dtype 
         return NULL;
     }
     strcpy(p->name, name);
+    p->value->gsink = p->gview; /* NULL for a buffer */
     p->pool = pi;
     p->offset = pl->numel;
     p->numel = numel;
