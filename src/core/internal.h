@@ -19,10 +19,14 @@
  * unary maps' kernel calls. Measured by instruction count (cachegrind,
  * 100-tanh chain): about 45 instructions per node. */
 #define TG_ALWAYS_INLINE inline __attribute__((always_inline))
+/* The opposite, for a rare path that would otherwise be inlined into a hot
+ * one (the executor with gradient sinks, tape/backward.c). */
+#define TG_NOINLINE __attribute__((noinline))
 #else
 #define TG_INTERNAL
 #define TG_THREAD_LOCAL _Thread_local
 #define TG_ALWAYS_INLINE inline
+#define TG_NOINLINE
 #endif
 
 /* 1 when built with AddressSanitizer: GCC defines __SANITIZE_ADDRESS__,

@@ -24,7 +24,7 @@
 /* The sinks of n's leaf inputs whose gradient slot is empty (offered:
  * marked taken) or holds the sink already (added into in place), in
  * sinkv; NULL when there are none. */
-static tg_tensor *const *node_sinks(sweep_state *s, const tg_node *n, tg_tensor **const *dst,
+static TG_NOINLINE tg_tensor *const *node_sinks(sweep_state *s, const tg_node *n, tg_tensor **const *dst,
                                     tg_tensor **sinkv)
 {
     bool any = false;
@@ -88,14 +88,15 @@ static void sinks_clear(const sweep_state *s)
  * saved, rematerialised (recompute.c): the inputs in saves, and the output
  * (with the extras its forward keeps) where saves has it or the forward
  * keeps extras. */
-static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
+static TG_ALWAYS_INLINE tg_status run_node_impl(sweep_state *s, int64_t idx, tg_tensor *gout,
+                                                bool sunk)
 {
     tg_node *n = &s->tape->nodes[idx];
     unsigned needs = tg__node_needs(n);
     if (!needs) return TG_OK;
     tg_tensor **dst[TG_OP_MAX_INPUTS];
     for (int i = 0; i < n->nin; i++) dst[i] = n->in_slot[i] >= 0 ? &s->grads[n->in_slot[i]] : NULL;
-    tg_tensor *sinkv[TG_OP_MAX_INPUTS], *const *sink = s->nsinks ? node_sinks(s, n, dst, sinkv) : NULL;
+    tg_tensor *sinkv[TG_OP_MAX_INPUTS], *const *sink = sunk ? node_sinks(s, n, dst, sinkv) : NULL;
     uint64_t ns = 0, *pns = s->tape->profiling ? &ns : NULL;
     tg_status st = s->tape->watch ? tg__hooks_node_pre(s->tape, idx, gout) : TG_OK;
     if (st) return st;
@@ -124,6 +125,18 @@ static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
     if (pns) tg__profile_backward(s->tape, n->op, ns);
     if (st == TG_OK && s->tape->watch) st = tg__tape_watch_after(s->tape, idx, n, dst);
     return st;
+}
+
+/* run_node without sinks (the sweep's usual case, compiled as before
+ * sinks existed) and with them (a sweep over a parameter set's leaves). */
+static tg_status run_node(sweep_state *s, int64_t idx, tg_tensor *gout)
+{
+    return run_node_impl(s, idx, gout, false);
+}
+
+static TG_NOINLINE tg_status run_node_sunk(sweep_state *s, int64_t idx, tg_tensor *gout)
+{
+    return run_node_impl(s, idx, gout, true);
 }
 
 /* Gradient-ready notification (tg_tape_set_grad_ready): the leaves of the
@@ -232,6 +245,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
     }
     sweep_sink sink_buf[16];
     s.sinks = sinks_init(tape, sink_buf, 16, &s.nsinks);
+    const bool sunk = s.nsinks > 0; /* in a register, as notify below */
     tg_tensor **grads = s.grads;
     grads[root] = tg_tensor_retain(seed);
     bool prev = tg_grad_set_enabled(false);
@@ -265,7 +279,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
                     tg_tensor *gm = grads[m->out_slot];
                     if (!gm) continue;
                     grads[m->out_slot] = NULL;
-                    st = run_node(&s, hoist[h], gm);
+                    st = sunk ? run_node_sunk(&s, hoist[h], gm) : run_node(&s, hoist[h], gm);
                     tg_tensor_release(gm);
                     if (st == TG_OK) tg__node_release_saved(tape, m);
                 }
@@ -275,7 +289,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
                 i = lo;
                 n = &tape->nodes[i];
             } else {
-                st = run_node(&s, i, g);
+                st = sunk ? run_node_sunk(&s, i, g) : run_node(&s, i, g);
                 tg_tensor_release(g);
                 if (st == TG_OK) tg__node_release_saved(tape, n);
             }
