@@ -35,12 +35,17 @@ OMP_WAIT_POLICY to PASSIVE unless the caller set it (why: at the import); tapegr
 gets the same environment and --threads. OPENBLAS_CORETYPE and the like
 pass through unchanged.
 
-It also compares the tensor memory peak of one forward+backward (gradients
-dropped before, as both time it): tapegrad's tg_mem_peak_bytes above what
-was live before (the JSON's mem_peak_fwd_bwd_bytes), and PyTorch's from its
+It also compares the tensor memory peak of one forward+backward:
+tapegrad's tg_mem_peak_bytes above what was live before (the JSON's
+mem_peak_fwd_bwd_bytes; the parameters' gradients are written into their
+set's flat gradient buffer, allocated before), and PyTorch's from its
 profiler with profile_memory=True, each op's own allocations at its start
-and each free at its end, summed in time order (the running maximum; on
-deep it gives the 65 MiB the higher-order issue quoted).
+and each free at its end, summed in time order (the running maximum), with
+its gradients kept between steps and zeroed in place (1.13's default
+zero_grad, whose .grad tensors likewise exist before the step): the
+"PyTorch" column. The "grads dropped" column is PyTorch's peak when the
+step starts from zero_grad(set_to_none=True) and allocates every gradient
+(on deep it gives the 65 MiB the higher-order issue quoted).
 
 With --hvp it compares Hessian-vector products instead: on mlp and
 elementwise, PyTorch's double backward (torch.autograd.grad of the loss
@@ -240,6 +245,11 @@ def run_torch(name, quick):
         loss = f()
         loss.backward()
 
+    def fwd_bwd_kept():
+        opt.zero_grad(set_to_none=False)  # zeroed in place: .grad exists
+        loss = f()
+        loss.backward()
+
     def train():
         opt.zero_grad()  # 1.13's default zeroes in place, as tg_optim_zero_grad
         loss = f()
@@ -279,7 +289,8 @@ def run_torch(name, quick):
     res = {v: stat(t) for v, t in zip(VARIANTS, times)}
     res.update({"runs": runs, "warmup": warm, "iterations_per_sample": reps,
                 "loss": loss, "grad_norm": norms[0], "repeatable": norms[0] == norms[1],
-                "mem_peak_fwd_bwd_bytes": torch_peak(fwd_bwd)})
+                "mem_peak_fwd_bwd_bytes": torch_peak(fwd_bwd_kept),  # after train(): .grad kept
+                "mem_peak_fwd_bwd_dropped_bytes": torch_peak(fwd_bwd)})
     return res
 
 
@@ -577,14 +588,19 @@ def main():
         if cratios:
             out["ratios_libtorch"][n] = cratios
         print(line)
-    print("\ntensor memory peak of one forward+backward, MB (ratio = tapegrad / PyTorch)")
+    print("\ntensor memory peak of one forward+backward, MB (ratio = tapegrad / PyTorch;"
+          " PyTorch's gradients kept and zeroed in place, as tapegrad's parameter sets"
+          " keep theirs; last column: PyTorch's with its gradients dropped before)")
+    print("%-12s %9s %9s %6s %13s" % ("workload", "tapegrad", "PyTorch", "ratio", "grads dropped"))
     for n in names:
         w = tgw.get(n)
         if not w or not w.get("ok"):
             continue
         a, b = w["mem_peak_fwd_bwd_bytes"], pt[n]["mem_peak_fwd_bwd_bytes"]
+        d = pt[n]["mem_peak_fwd_bwd_dropped_bytes"]
         out["ratios"].setdefault(n, {})["mem_peak_fwd_bwd"] = a / b if b else None
-        print("%-12s %9.3f %9.3f %6s" % (n, a / 1e6, b / 1e6, "%.3f" % (a / b) if b else "-"))
+        print("%-12s %9.3f %9.3f %6s %13.3f" % (n, a / 1e6, b / 1e6,
+                                               "%.3f" % (a / b) if b else "-", d / 1e6))
     if ARGS.json:
         with open(ARGS.json, "w") as fh:
             json.dump(out, fh, indent=1)

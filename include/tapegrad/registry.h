@@ -47,7 +47,7 @@ typedef tg_status (*tg_shape_fn)(const tg_op *op, const tg_op_attrs *attrs,
 typedef tg_tensor *(*tg_forward_fn)(tg_op_ctx *ctx, tg_tensor *const *in);
 /* Backward: for each input i with tg_op_ctx_needs_grad(ctx, i), set gin[i]
  * to d(loss)/d(input i) (a tensor of that input's spec), computed with tg_*
- * ops; leave the others NULL. Runs in its own scope with grad recording off;
+ * ops or written into tg_op_ctx_new_grad(ctx, i); leave the others NULL. Runs in its own scope with grad recording off;
  * gin entries are borrowed (results of tg_* ops, or gout itself): the engine
  * takes its own reference, so a backward never retains or releases. */
 typedef tg_status (*tg_backward_fn)(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin);
