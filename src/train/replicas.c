@@ -430,6 +430,8 @@ static tg_status check_inputs(int n, tg_tensor *const *inputs, int64_t *rows)
 
 static void reduce_range(const reduce_seg *g, int64_t lo, int64_t n)
 {
+    /* Worker 0's gradient written in place, alone, unscaled: done. */
+    if (g->nsrc == 1 && g->src[0] == g->dst && g->s[0] == 1.0 && !g->add) return;
     if (g->f64)
         REDUCE_RANGE(double);
     else
@@ -576,6 +578,15 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
     r->fn = fn;
     r->ud = userdata;
     r->backend = tg_default_backend();
+    /* Worker 0's leaves take their parameter's view of the flat gradient
+     * buffer as their gradient sink (tape/backward.c) where the parameter
+     * has no gradient to add to: its backward then writes its gradient
+     * there, and the reduce sums in place (REDUCE_RANGE reads a block of
+     * every source before it writes it), to the same bits. */
+    for (int j = 0; j < r->w[0].rep.n; j++) {
+        const tg__param *p = &r->ps->p[r->w[0].param_of[j]];
+        r->w[0].rep.leaves[j]->gsink = p->value->grad ? NULL : p->gview;
+    }
     r->t0 = now_s();
     run_round(r, false);
     double end = r->t0;
