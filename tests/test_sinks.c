@@ -402,3 +402,94 @@ Test(sinks, a_step_allocates_nothing_for_the_parameters_gradients)
                  plain);
     cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked");
 }
+
+/* ---- a user op whose backward makes its gradient with tg_op_ctx_new_grad:
+ * y = 3 x. Its forward and backward also try the misuses. */
+static tg_status new_grad_misuse;
+
+static tg_tensor *thrice_forward(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    tg_error_clear();
+    if (tg_op_ctx_new_grad(ctx, 0) != NULL || tg_last_error() != TG_ERR_INVALID)
+        new_grad_misuse = TG_ERR_INTERNAL;
+    tg_error_clear();
+    tg_tensor *y = tg_op_ctx_new_output(ctx);
+    if (!y) return NULL;
+    const double *x = tg_tensor_data_ro(in[0]);
+    double *o = tg_tensor_data(y);
+    for (int64_t i = 0; i < tg_tensor_numel(in[0]); i++) o[i] = 3.0 * x[i];
+    return y;
+}
+
+static tg_status thrice_backward(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
+{
+    if (tg_op_ctx_new_grad(ctx, 1) != NULL || tg_last_error() != TG_ERR_INVALID ||
+        tg_op_ctx_new_grad(NULL, 0) != NULL || tg_last_error() != TG_ERR_NULL)
+        new_grad_misuse = TG_ERR_INTERNAL;
+    tg_error_clear();
+    tg_tensor *g = tg_op_ctx_new_grad(ctx, 0);
+    if (!g) return tg_last_error();
+    double gv[8];
+    cr_assert_leq(tg_tensor_numel(gout), 8);
+    cr_assert_eq(tg_tensor_copy_out(gout, gv, sizeof gv), TG_OK);
+    double *o = tg_tensor_data(g);
+    for (int64_t i = 0; i < tg_tensor_numel(g); i++) o[i] = 3.0 * gv[i];
+    gin[0] = g;
+    return TG_OK;
+}
+
+static const tg_op *thrice_op(void)
+{
+    const tg_op *op = tg_op_find("sink_thrice");
+    if (op) return op;
+    static const tg_op def = {
+        .name = "sink_thrice", .doc = "y = 3 x", .arity = 1, .shape = tg_op_shape_same,
+        .forward = thrice_forward, .backward = thrice_backward, .cost = TG_COST_MEMORY_BOUND,
+    };
+    cr_assert_eq(tg_op_register(&def), TG_OK, "%s", tg_last_error_message());
+    return tg_op_find("sink_thrice");
+}
+
+Test(sinks, a_user_op_writes_its_gradient_through_new_grad)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    new_grad_misuse = TG_OK;
+    for (int use_set = 0; use_set < 2; use_set++) {
+        tg_params *ps = NULL;
+        tg_tensor *q;
+        tg_tape *tape = tg_tape_new(NULL);
+        if (use_set) {
+            ps = tg_params_new();
+            q = tg_params_add(ps, "q", TG_F64, 1, SHAPE(4));
+            cr_assert_eq(tg_params_requires_grad(ps, tape), TG_OK);
+        } else {
+            q = tg_zeros(TG_F64, 1, SHAPE(4));
+            cr_assert_eq(tg_requires_grad(tape, q), TG_OK);
+        }
+        double *qv = tg_tensor_data(q);
+        for (int i = 0; i < 4; i++) qv[i] = i + 1;
+        tg_tensor *flat = use_set ? tg_params_flat_grad(ps, TG_F64) : NULL;
+        tg_scope_begin();
+        tg_tensor *in[1] = {q};
+        tg_tensor *y = tg_op_call(thrice_op(), 1, in, NULL);
+        cr_assert_eq(tg_backward(tg_sum(tg_mul(y, y))), TG_OK, "%s", tg_last_error_message());
+        tg_scope_end();
+        /* d/dq sum((3q)^2) = 18 q */
+        double g[4];
+        cr_assert_eq(tg_tensor_copy_out(tg_grad(q), g, sizeof g), TG_OK);
+        for (int i = 0; i < 4; i++) cr_expect_eq(g[i], 18.0 * (i + 1));
+        if (use_set)
+            cr_expect_eq(tg_tensor_data_ro(tg_grad(q)), tg_tensor_data_ro(flat),
+                         "the op's gradient went into the sink");
+        tg_tensor_release(flat);
+        tg_tape_free(tape);
+        if (ps) {
+            tg_params_free(ps);
+        } else {
+            tg_grad_zero(q);
+            tg_tensor_release(q);
+        }
+    }
+    cr_expect_eq(new_grad_misuse, TG_OK, "a misuse of tg_op_ctx_new_grad was not refused");
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked");
+}

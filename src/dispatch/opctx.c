@@ -49,7 +49,7 @@ tg_tensor *tg_op_ctx_new_output(tg_op_ctx *ctx)
 tg_tensor *tg_op_ctx_new_grad(tg_op_ctx *ctx, int i)
 {
     if (!ctx) {
-        tg__err_null("op_ctx_new_grad", 1);
+        tg__err(TG_ERR_NULL, "bad argument #1 to 'op_ctx_new_grad' (NULL context)");
         return NULL;
     }
     if (ctx->forward || i < 0 || i >= ctx->nin) {
