@@ -493,3 +493,74 @@ Test(sinks, a_user_op_writes_its_gradient_through_new_grad)
     cr_expect_eq(new_grad_misuse, TG_OK, "a misuse of tg_op_ctx_new_grad was not refused");
     cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked");
 }
+
+/* ---- embedding, layer norm and batch norm parameters: the same bits as
+ * plain leaves, each gradient written into its sink. */
+enum { N_E, N_LW, N_LB, N_BW, N_BB, NNORM };
+static const int64_t norm_numel[NNORM] = {40, 4, 4, 4, 4};
+
+static void norm_grads(bool use_set, double **out, bool *in_place)
+{
+    tg_tensor *P[NNORM];
+    tg_params *ps = NULL;
+    tg_tape *tape = tg_tape_new(NULL);
+    const int64_t shp[NNORM][2] = {{10, 4}, {4}, {4}, {4}, {4}};
+    const int ndim[NNORM] = {2, 1, 1, 1, 1};
+    const char *nm[NNORM] = {"E", "lw", "lb", "bw", "bb"};
+    if (use_set) ps = tg_params_new();
+    for (int k = 0; k < NNORM; k++) {
+        P[k] = use_set ? tg_params_add(ps, nm[k], TG_F64, ndim[k], shp[k])
+                       : tg_zeros(TG_F64, ndim[k], shp[k]);
+        cr_assert_not_null(P[k], "%s", tg_last_error_message());
+        fill(tg_tensor_data(P[k]), norm_numel[k], (uint64_t)k + 30);
+        if (!use_set) cr_assert_eq(tg_requires_grad(tape, P[k]), TG_OK);
+    }
+    if (use_set) cr_assert_eq(tg_params_requires_grad(ps, tape), TG_OK);
+    tg_tensor *flat = use_set ? tg_params_flat_grad(ps, TG_F64) : NULL;
+    tg_scope_begin();
+    tg_tensor *ids = tg_tensor_from_data(TG_I64, 1, SHAPE(6), (const int64_t[]){3, 1, 3, 9, 0, 5});
+    tg_tensor *h = tg_embedding(P[N_E], ids);
+    h = tg_layer_norm(h, 1, P[N_LW], P[N_LB], 1e-5);
+    h = tg_batch_norm(h, P[N_BW], P[N_BB], NULL, NULL, true, 0.1, 1e-5);
+    tg_tensor *loss = tg_sum(tg_mul(tg_tanh(h), tg_sigmoid(h)));
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    tg_scope_end();
+    int64_t at = 0;
+    for (int k = 0; k < NNORM; k++) {
+        out[k] = copy_grad(tg_grad(P[k]));
+        in_place[k] = flat && tg_tensor_data_ro(tg_grad(P[k])) ==
+                                  (const double *)tg_tensor_data_ro(flat) + at;
+        at += norm_numel[k];
+    }
+    tg_tensor_release(flat);
+    tg_tape_free(tape);
+    if (ps) {
+        tg_params_free(ps);
+    } else {
+        for (int k = 0; k < NNORM; k++) {
+            tg_grad_zero(P[k]);
+            tg_tensor_release(P[k]);
+        }
+    }
+}
+
+Test(sinks, embedding_and_norm_parameters_take_their_sinks)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    double *plain[NNORM], *set[NNORM];
+    bool ip_plain[NNORM], ip_set[NNORM];
+    norm_grads(false, plain, ip_plain);
+    norm_grads(true, set, ip_set);
+    /* Layer norm's bias gradient is a sum over the leading dims made by
+     * tg_sum_dims, which takes no sink. */
+    const bool want[NNORM] = {true, true, false, true, true};
+    for (int k = 0; k < NNORM; k++) {
+        cr_expect_eq(memcmp(plain[k], set[k], (size_t)norm_numel[k] * sizeof(double)), 0,
+                     "parameter %d: bits differ from a plain leaf's", k);
+        cr_expect_eq(ip_set[k], want[k], "parameter %d: in place %d", k, ip_set[k]);
+        cr_expect(!ip_plain[k]);
+        free(plain[k]);
+        free(set[k]);
+    }
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked");
+}

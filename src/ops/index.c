@@ -330,8 +330,10 @@ static tg_status emb_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     tg_tensor *ids = tg_op_ctx_input(ctx, 1);
     int64_t n = ids->numel, nd[2] = {n, ws->shape[1]};
     tg_op_attrs a = {.nints = 2, .ints = {0, ws->shape[0]}};
-    gin[0] = tg__call2(&tg__op_index_select_backward, tg_reshape(g, 2, nd), tg_reshape(ids, 1, &n),
-                       &a);
+    tg_tensor *in[2] = {tg_reshape(g, 2, nd), tg_reshape(ids, 1, &n)};
+    gin[0] = in[0] && in[1] ? tg__call_into(&tg__op_index_select_backward, 2, in, &a,
+                                            tg__op_ctx_take_sink(ctx, 0))
+                            : NULL;
     return gin[0] ? TG_OK : tg_last_error();
 }
 

@@ -262,7 +262,8 @@ static tg_status ln_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         }
         if (tg_op_ctx_needs_grad(ctx, 1)) {
             tg_tensor *in[3] = {x, st, g};
-            if (!(gin[1] = tg_op_call(&tg__op_layer_norm_backward_weight, 3, in, a)))
+            if (!(gin[1] = tg__call_into(&tg__op_layer_norm_backward_weight, 3, in, a,
+                                         tg__op_ctx_take_sink(ctx, 1))))
                 return tg_last_error();
         }
     }
@@ -491,10 +492,12 @@ static tg_status bn_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     }
     if (tg_op_ctx_needs_grad(ctx, 1)) {
         tg_tensor *in[3] = {x, st, g};
-        if (!(gin[1] = tg_op_call(&tg__op_batch_norm_backward_weight, 3, in, ctx->attrs)))
+        if (!(gin[1] = tg__call_into(&tg__op_batch_norm_backward_weight, 3, in, ctx->attrs,
+                                     tg__op_ctx_take_sink(ctx, 1))))
             return tg_last_error();
     }
-    if (tg_op_ctx_needs_grad(ctx, 2) && !(gin[2] = tg__call1(&tg__op_bias_grad, g, NULL)))
+    if (tg_op_ctx_needs_grad(ctx, 2) &&
+        !(gin[2] = tg__call_into(&tg__op_bias_grad, 1, &g, NULL, tg__op_ctx_take_sink(ctx, 2))))
         return tg_last_error();
     return TG_OK;
 }
