@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -562,5 +563,152 @@ Test(sinks, embedding_and_norm_parameters_take_their_sinks)
         free(plain[k]);
         free(set[k]);
     }
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked");
+}
+
+/* ---- Every differentiable op of the registry, every gradcheck case, on
+ * both backends: with its floating inputs as parameters of a set (sinks)
+ * and as plain leaves, the loss sum(op(...) * w) for fixed weights w gives
+ * bitwise the same gradients. An op whose two plain runs already differ
+ * (random draws) is counted and skipped. */
+typedef struct case_out {
+    int ok;        /* 1 ran, 0 skipped (no float output), -1 failed */
+    int64_t len;
+    double *g;     /* the float inputs' gradients end to end (NaN: none) */
+    char msg[256];
+} case_out;
+
+static case_out run_case(const tg_op *op, int n, tg_tensor *const *in, const tg_op_attrs *attrs,
+                         bool use_set)
+{
+    case_out r = {.ok = 1};
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_params *ps = use_set ? tg_params_new() : NULL;
+    tg_tensor *args[TG_OP_MAX_INPUTS] = {0};
+    bool owned[TG_OP_MAX_INPUTS] = {0};
+    for (int i = 0; i < n; i++) {
+        args[i] = in[i];
+        if (!tu_is_float(tg_tensor_dtype(in[i]))) continue;
+        double *v = tu_values(in[i]);
+        int nd = tg_tensor_ndim(in[i]);
+        int64_t shp[8];
+        for (int d = 0; d < nd; d++) shp[d] = tg_tensor_dim(in[i], d);
+        if (use_set) {
+            char nm[8];
+            snprintf(nm, sizeof nm, "in%d", i);
+            args[i] = tg_params_add(ps, nm, TG_F64, nd, shp);
+            if (args[i]) memcpy(tg_tensor_data(args[i]), v, (size_t)tg_tensor_numel(in[i]) * 8);
+        } else {
+            args[i] = tg_tensor_from_data(TG_F64, nd, shp, v);
+            owned[i] = true;
+            if (args[i]) tg_requires_grad(tape, args[i]);
+        }
+        free(v);
+        cr_assert_not_null(args[i], "%s input %d: %s", op->name, i, tg_last_error_message());
+        r.len += tg_tensor_numel(in[i]);
+    }
+    if (use_set) cr_assert_eq(tg_params_requires_grad(ps, tape), TG_OK);
+    tg_scope_begin();
+    tg_tensor *out = tg_op_call(op, n, args, attrs);
+    if (!out || !tu_is_float(tg_tensor_dtype(out)) || !tg_tensor_requires_grad(out)) {
+        r.ok = out ? 0 : -1;
+        if (!out) snprintf(r.msg, sizeof r.msg, "forward: %s", tg_last_error_message());
+    } else {
+        int64_t m = tg_tensor_numel(out);
+        double *wv = malloc((size_t)(m ? m : 1) * sizeof *wv);
+        fill(wv, m, 99);
+        int nd = tg_tensor_ndim(out);
+        int64_t shp[8];
+        for (int d = 0; d < nd; d++) shp[d] = tg_tensor_dim(out, d);
+        tg_backend be = tg_set_default_backend(tg_tensor_backend(out)); /* to_device */
+        tg_tensor *wt = tu_tensor(tg_tensor_dtype(out), nd, shp, wv);
+        tg_set_default_backend(be);
+        free(wv);
+        tg_status st = tg_backward(tg_sum(tg_mul(out, wt)));
+        if (st) {
+            r.ok = -1;
+            snprintf(r.msg, sizeof r.msg, "backward: %s", tg_last_error_message());
+        }
+    }
+    tg_scope_end();
+    if (r.ok == 1) {
+        r.g = malloc((size_t)(r.len ? r.len : 1) * sizeof *r.g);
+        int64_t at = 0;
+        for (int i = 0; i < n; i++) {
+            if (!tu_is_float(tg_tensor_dtype(in[i]))) continue;
+            int64_t k = tg_tensor_numel(args[i]);
+            const tg_tensor *g = tg_grad(args[i]);
+            if (g) {
+                cr_assert_eq(tg_tensor_copy_out(g, r.g + at, (size_t)k * sizeof(double)), TG_OK);
+            } else {
+                for (int64_t j = 0; j < k; j++) r.g[at + j] = NAN;
+            }
+            at += k;
+        }
+    }
+    tg_error_clear();
+    tg_tape_free(tape);
+    for (int i = 0; i < n; i++) {
+        if (!owned[i]) continue;
+        tg_grad_zero(args[i]);
+        tg_tensor_release(args[i]);
+    }
+    if (ps) tg_params_free(ps);
+    return r;
+}
+
+Test(sinks, every_registered_op_gives_plain_leaves_bits_with_sinks)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    const tg_backend bes[2] = {TG_BACKEND_REF, TG_BACKEND_CPU};
+    int compared = 0, skipped_random = 0, ops = 0;
+    for (int b = 0; b < 2; b++) {
+        tg_backend prev = tg_set_default_backend(bes[b]);
+        for (int oi = 0; oi < tg_op_count(); oi++) {
+            const tg_op *op = tg_op_at(oi);
+            if (!tu_op_has_backward(op) || !op->sample) continue;
+            bool op_compared = false;
+            for (int k = 0; k < 64; k++) {
+                tg_tensor *in[TG_OP_MAX_INPUTS] = {0};
+                tg_op_attrs attrs;
+                memset(&attrs, 0, sizeof attrs);
+                tg_rng rng;
+                tg_rng_seed(&rng, 0x5eedu + 7919u * (uint64_t)k);
+                int n = op->sample(k, &rng, in, &attrs);
+                if (n <= 0) {
+                    tu_release_all(in, TG_OP_MAX_INPUTS);
+                    break;
+                }
+                case_out a = run_case(op, n, in, &attrs, false);
+                case_out a2 = run_case(op, n, in, &attrs, false);
+                case_out s = run_case(op, n, in, &attrs, true);
+                cr_expect_neq(a.ok, -1, "%s case %d (%s), plain: %s", op->name, k,
+                              tg_backend_name(bes[b]), a.msg);
+                cr_expect_eq(s.ok, a.ok, "%s case %d (%s): with a set %d (%s), plain %d",
+                             op->name, k, tg_backend_name(bes[b]), s.ok, s.msg, a.ok);
+                if (a.ok == 1 && s.ok == 1 && a2.ok == 1) {
+                    if (memcmp(a.g, a2.g, (size_t)a.len * sizeof(double)) != 0) {
+                        skipped_random++;
+                    } else {
+                        cr_expect_eq(memcmp(a.g, s.g, (size_t)a.len * sizeof(double)), 0,
+                                     "%s case %d (%s): gradients with a set differ from plain "
+                                     "leaves'", op->name, k, tg_backend_name(bes[b]));
+                        compared++;
+                        op_compared = true;
+                    }
+                }
+                free(a.g);
+                free(a2.g);
+                free(s.g);
+                tu_release_all(in, TG_OP_MAX_INPUTS);
+            }
+            ops += op_compared;
+        }
+        tg_set_default_backend(prev);
+    }
+    cr_expect_gt(ops, 100, "ops compared over both backends: %d (cases %d, random skipped %d)",
+                 ops, compared, skipped_random);
+    cr_log_info("sinks sweep: %d op-backend pairs, %d cases compared, %d random cases skipped",
+                ops, compared, skipped_random);
     cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked");
 }
