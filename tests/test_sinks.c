@@ -594,7 +594,7 @@ static case_out run_case(const tg_op *op, int n, tg_tensor *const *in, const tg_
         int64_t shp[8];
         for (int d = 0; d < nd; d++) shp[d] = tg_tensor_dim(in[i], d);
         if (use_set) {
-            char nm[8];
+            char nm[16];
             snprintf(nm, sizeof nm, "in%d", i);
             args[i] = tg_params_add(ps, nm, TG_F64, nd, shp);
             if (args[i]) memcpy(tg_tensor_data(args[i]), v, (size_t)tg_tensor_numel(in[i]) * 8);
