@@ -185,7 +185,8 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
             continue;
         }
         if (sink && sink[i] && *dst[i] == sink[i] && gin[i] != sink[i] && gin[i]->contiguous &&
-            !gin[i]->tape && gin[i]->storage != sink[i]->storage) {
+            !gin[i]->tape && gin[i]->backend == sink[i]->backend &&
+            gin[i]->storage != sink[i]->storage) {
             tg__add_into(sink[i], gin[i]);
             tg_tensor_release(gin[i]);
             continue;
