@@ -300,9 +300,12 @@ Test(sinks, accumulation_zeroing_and_hooks_keep_their_meaning)
         cr_expect_eq(fg[6 + o], 4.0);
     }
     cr_expect_eq(fg[9], 4.0);
-    /* Zeroed: the next backward writes in place again. */
+    /* Zeroed: no gradient; the buffer reads zeros once synced (a held view
+     * shows the buffer as of the last sync); the next backward writes in
+     * place again. */
     tg_params_zero_grad(ps);
     cr_expect_null(tg_grad(W));
+    cr_expect_eq(tg_params_sync_grad(ps), TG_OK);
     cr_expect_eq(fg[0], 0.0);
     cr_assert_eq(fail_step(W, b, q), TG_OK, "%s", tg_last_error_message());
     tg_tape_reset(tape);

@@ -7,8 +7,11 @@
  * single loops. Each parameter is a borrowed tensor that is a contiguous
  * view into the value buffer; use it in ops like any tensor.
  *
- * Gradients: the tape accumulates each leaf's gradient as its own tensor
- * (tg_grad). Every function below that reads gradients first *syncs* them:
+ * Gradients: a backward writes a parameter's gradient straight into its
+ * view of the flat gradient buffer when the parameter has none yet (its
+ * gradient sink; docs/api.md), else the tape accumulates the gradient as a
+ * tensor of its own (tg_grad). Every function below that reads gradients
+ * first *syncs* them:
  * a leaf gradient that is not yet the parameter's view into the flat
  * gradient buffer is copied there and replaced by that view (same values),
  * so afterwards tg_grad(param) and the flat buffer are the same memory and
@@ -77,8 +80,10 @@ tg_tensor *tg_params_flat_grad(tg_params *ps, tg_dtype dtype);
 /* Moves every leaf gradient into the flat gradient buffer (see above).
  * Called by everything that reads gradients; idempotent and cheap. */
 tg_status tg_params_sync_grad(tg_params *ps);
-/* Drops every parameter's gradient (tg_grad_zero) and zeroes the flat
- * gradient buffers: the next backward starts from nothing. */
+/* Drops every parameter's gradient (tg_grad_zero): the next backward starts
+ * from nothing. The flat buffers are not touched (the next backward writes
+ * into them; a sync zero-fills what no backward reached), so a view of one
+ * that you hold reads zeros only after the next sync. */
 void tg_params_zero_grad(tg_params *ps);
 /* grad *= factor for every parameter that has a gradient (e.g. 1/k after
  * accumulating k micro-batches). */

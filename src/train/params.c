@@ -359,10 +359,6 @@ void tg_params_zero_grad(tg_params *ps)
     if (!ps) return;
     for (int i = 0; i < ps->n; i++)
         if (ps->p[i].pool < TG__POOL_TRAINABLE) tg_grad_zero(ps->p[i].value);
-    for (int i = 0; i < TG__POOL_TRAINABLE; i++) {
-        tg__pool *pl = &ps->pools[i];
-        if (pl->grads) memset(pl->grads->storage->data, 0, pl->grads->storage->nbytes);
-    }
 }
 
 /* g *= f over a whole flat gradient buffer (parameters without a gradient
