@@ -631,18 +631,26 @@ static void restore_grads(tg_dist *d)
         tg__param *p = &ps->p[i];
         if (p->pool >= TG__POOL_TRAINABLE) continue;
         tg_tensor *v = p->value;
-        if (v->grad != p->gview) {
+        /* Without a previous gradient, the local one may sit in the flat
+         * buffer (its sink): dropped all the same. */
+        if (v->grad != p->gview || !d->had[i]) {
             tg_tensor_release(v->grad);
             v->grad = d->had[i] ? tg_tensor_retain(p->gview) : NULL;
         }
     }
 }
 
-/* gview += reduced / size (or + reduced), for every trainable parameter. */
+/* gview = prev + reduced / size (or + reduced), for every trainable
+ * parameter. prev is the flat buffer's, or, for a parameter that had no
+ * gradient (whose buffer may hold the local gradient its sink took), a
+ * zero: the sum is taken as 0 + r all the same, so that a -0 comes out as
+ * it did when the buffer was zero-filled. */
 #define APPLY_LOOP(T)                                                   \
     do {                                                                \
         T *g = gv;                                                      \
         const T *r = red;                                               \
+        if (!had)                                                       \
+            for (int64_t j = 0; j < n; j++) g[j] = (T)0;                \
         if (sum)                                                        \
             for (int64_t j = 0; j < n; j++) g[j] = g[j] + r[j];         \
         else                                                            \
@@ -662,6 +670,7 @@ static void apply_grads(tg_dist *d)
         const void *red = (const char *)d->b[d->slots[i].bucket].buf + (size_t)d->slots[i].at * es;
         void *gv = tg__tensor_ptr(p->gview);
         int64_t n = p->numel;
+        bool had = d->had[i];
         if (v->dtype == TG_F32)
             APPLY_LOOP(float);
         else
@@ -723,12 +732,14 @@ tg_status tg_dist_backward(tg_dist *d, tg_tensor *loss)
     /* This rank's backward; with tg_dist_attach, buckets start as their
      * gradients come in. */
     if (!local) {
-        /* The flat buffer keeps prev through the sweep (apply_grads adds the
-         * reduced sum to it), so no parameter may take it as its gradient
-         * sink (tape/backward.c) meanwhile: each gets a tensor of its own,
-         * staged into its bucket as before. */
+        /* A parameter with a previous gradient keeps it in the flat buffer
+         * through the sweep (apply_grads adds the reduced sum to it), so it
+         * may not take the buffer as its gradient sink (tape/backward.c)
+         * meanwhile: it gets a tensor of its own. The others write their
+         * local gradients there, staged into the buckets from it. */
         for (int i = 0; i < ps->n; i++)
-            if (ps->p[i].value->gsink == ps->p[i].gview) ps->p[i].value->gsink = NULL;
+            if (d->had[i] && ps->p[i].value->gsink == ps->p[i].gview)
+                ps->p[i].value->gsink = NULL;
         d->in_backward = d->tape != NULL;
         local = tg_backward(loss);
         d->in_backward = false;
