@@ -10,7 +10,10 @@
  * Ratios are medians of per-round ratios to 1w. Before timing, the N-worker
  * gradient is checked against the 1-worker one. The MPI counterpart runs
  * under mpirun (`tapegrad bench dp --mpi`, dist.c). */
+#define _GNU_SOURCE /* pthread_setaffinity_np: the per-core rounds */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -154,6 +157,58 @@ static int dp_sample(void *ctx, int v, long reps)
     return 0;
 }
 
+/* 1 worker with the calling thread (where a 1-worker step runs) pinned to
+ * cpu `cpu`: the per-core rounds. */
+static int dp_sample_on(void *ctx, int cpu, long reps)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof set, &set)) return -1;
+    return dp_sample(ctx, 1, reps);
+}
+
+/* The 1-worker step pinned to each cpu in turn, in interleaved rounds: on a
+ * machine whose cores run at different speeds (this VM's do, and which one
+ * is slower changes), N workers are held to the slowest core's pace. Prints
+ * the per-core medians and what the slowest core alone leaves of N times
+ * the fastest core's throughput. The thread's affinity is restored. */
+static void dp_per_core(dp_ctx *c, int ncpu, int workers, bool quick)
+{
+    enum { MAX_CPUS = 8 };
+    cpu_set_t saved;
+    if (ncpu > MAX_CPUS) ncpu = MAX_CPUS;
+    if (pthread_getaffinity_np(pthread_self(), sizeof saved, &saved)) return;
+    int cpus[MAX_CPUS], n = 0;
+    for (int k = 0; k < ncpu; k++)
+        if (CPU_ISSET(k, &saved)) cpus[n++] = k;
+    if (n < 2) return;
+    int runs = quick ? 3 : 7;
+    long reps[MAX_CPUS];
+    double *t[MAX_CPUS] = {0};
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
+        ok = (t[i] = calloc((size_t)runs, sizeof(double))) != NULL &&
+             !bench_calibrate(dp_sample_on, c, cpus[i], quick ? 2e6 : 2e7, &reps[i]);
+    }
+    if (ok) ok = !bench_rounds(dp_sample_on, c, n, cpus, reps, 1, runs, t);
+    pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
+    if (ok) {
+        double fast = INFINITY, slow = 0;
+        printf("  1 worker pinned:");
+        for (int i = 0; i < n; i++) {
+            double ms = bench_stat_of(t[i], runs).median / 1e6;
+            printf("%s cpu %d %.3f ms/step", i ? "," : "", cpus[i], ms);
+            fast = fmin(fast, ms);
+            slow = fmax(slow, ms);
+        }
+        int w = workers < n ? workers : n;
+        printf("; the slowest core caps %d workers at %.2fx of 1 worker on the fastest\n", w,
+               w * fast / slow);
+    }
+    for (int i = 0; i < n; i++) free(t[i]);
+}
+
 /* The largest |g - ref| over n values, relative to the largest |ref|. */
 static double dp_worst_diff(const float *ref, const float *g, int64_t n)
 {
@@ -294,6 +349,10 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
                (double)c.m.batch / (stat_of[v].median / 1e9), ratio_of[v]);
         if (!c.plain[v]) printf("   reduce+update %4.1f%%", red);
         printf("%s\n", c.threads[v] > 1 ? "  (own rounds against 1 worker)" : "");
+    }
+    if (max_workers > 1) {
+        tg_set_num_threads(1);
+        dp_per_core(&c, ncpu, max_workers, quick);
     }
     rc = 0;
 out:
