@@ -182,7 +182,10 @@ static void dp_per_core(dp_ctx *c, int ncpu, int workers, bool quick)
     int cpus[MAX_CPUS], n = 0;
     for (int k = 0; k < ncpu; k++)
         if (CPU_ISSET(k, &saved)) cpus[n++] = k;
-    if (n < 2) return;
+    if (n < 2) {
+        printf("  1 worker pinned: this process may use one CPU only\n");
+        return;
+    }
     int runs = quick ? 3 : 7;
     long reps[MAX_CPUS];
     double *t[MAX_CPUS] = {0};
@@ -193,6 +196,9 @@ static void dp_per_core(dp_ctx *c, int ncpu, int workers, bool quick)
     }
     if (ok) ok = !bench_rounds(dp_sample_on, c, n, cpus, reps, 1, runs, t);
     pthread_setaffinity_np(pthread_self(), sizeof saved, &saved);
+    if (!ok)
+        printf("  1 worker pinned: could not time it (%s)\n",
+               tg_last_error() ? tg_last_error_message() : "pinning the thread failed");
     if (ok) {
         double fast = INFINITY, slow = 0;
         printf("  1 worker pinned:");
