@@ -486,12 +486,20 @@ const tg_op tg__op_narrow = {
 };
 
 /* ---- public wrappers */
-static tg_tensor *call_shape(const tg_op *op, tg_tensor *x, int ndim, const int64_t *shape)
+/* op on x with the target shape as its attrs, written into `into` where
+ * tg__call_into takes it (NULL: a plain call). */
+static tg_tensor *call_shape_into(const tg_op *op, tg_tensor *x, int ndim, const int64_t *shape,
+                                  tg_tensor *into)
 {
     if (tg__check_shape(op->name, ndim, shape)) return NULL;
     tg_op_attrs a = {.nints = ndim};
     for (int i = 0; i < ndim; i++) a.ints[i] = shape[i];
-    return tg__call1(op, x, &a);
+    return tg__call_into(op, 1, &x, &a, into);
+}
+
+static tg_tensor *call_shape(const tg_op *op, tg_tensor *x, int ndim, const int64_t *shape)
+{
+    return call_shape_into(op, x, ndim, shape, NULL);
 }
 
 tg_tensor *tg_reshape(tg_tensor *x, int ndim, const int64_t *shape)
@@ -538,11 +546,7 @@ tg_tensor *tg_sum_to(tg_tensor *x, int ndim, const int64_t *shape)
 
 tg_tensor *tg__sum_to_into(tg_tensor *x, int ndim, const int64_t *shape, tg_tensor *into)
 {
-    if (tg__check_shape(tg__op_sum_to.name, ndim, shape)) return NULL;
-    tg_op_attrs a = {.nints = ndim};
-    for (int i = 0; i < ndim; i++) a.ints[i] = shape[i];
-    tg_tensor *in[1] = {x};
-    return tg__call_into(&tg__op_sum_to, 1, in, &a, into);
+    return call_shape_into(&tg__op_sum_to, x, ndim, shape, into);
 }
 
 tg_tensor *tg_permute(tg_tensor *x, int ndim, const int *perm)

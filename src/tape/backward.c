@@ -40,32 +40,34 @@ static TG_NOINLINE tg_tensor *const *node_sinks(sweep_state *s, const tg_node *n
     return any ? sinkv : NULL;
 }
 
-/* The sweep's sinks: every leaf of the tape with a usable gsink and no
- * gradient yet, sorted by slot, in buf (cap entries) or, past that, a new
- * array (*nsinks 0 and NULL when there are none or it cannot be had: the
- * sweep then allocates as usual). */
+/* Whether leaf l has a gsink this sweep may use: no gradient yet, and the
+ * sink contiguous with the leaf's dtype, backend and shape. */
+static bool sink_usable(const tg_tensor *l)
+{
+    const tg_tensor *k = l->gsink;
+    return k && !l->grad && l->slot >= 0 && k->contiguous && k->dtype == l->dtype &&
+           k->backend == l->backend && tg__same_shape(k->ndim, k->shape, l->ndim, l->shape);
+}
+
+/* The sweep's sinks: every leaf of the tape with a usable gsink, sorted by
+ * slot, in buf (cap entries) or, past that, a new array (*nsinks 0 and
+ * NULL when there are none or it cannot be had: the sweep then allocates
+ * as usual). */
 static sweep_sink *sinks_init(const tg_tape *tape, sweep_sink *buf, int cap, int *nsinks)
 {
     int n = 0;
     *nsinks = 0;
-    for (int32_t i = 0; i < tape->nleaves; i++) {
-        const tg_tensor *l = tape->leaves[i], *k = l->gsink;
-        if (k && !l->grad && l->slot >= 0 && k->contiguous && k->dtype == l->dtype &&
-            k->backend == l->backend && tg__same_shape(k->ndim, k->shape, l->ndim, l->shape))
-            n++;
-    }
+    for (int32_t i = 0; i < tape->nleaves; i++) n += sink_usable(tape->leaves[i]);
     if (!n) return NULL;
     sweep_sink *v = n <= cap ? buf : malloc((size_t)n * sizeof *v);
     if (!v) return NULL;
     int m = 0;
     for (int32_t i = 0; i < tape->nleaves && m < n; i++) {
-        tg_tensor *l = tape->leaves[i], *k = l->gsink;
-        if (!(k && !l->grad && l->slot >= 0 && k->contiguous && k->dtype == l->dtype &&
-              k->backend == l->backend && tg__same_shape(k->ndim, k->shape, l->ndim, l->shape)))
-            continue;
+        tg_tensor *l = tape->leaves[i];
+        if (!sink_usable(l)) continue;
         int j = m++;
         for (; j > 0 && v[j - 1].slot > l->slot; j--) v[j] = v[j - 1];
-        v[j] = (sweep_sink){.slot = l->slot, .taken = false, .sink = k, .leaf = l};
+        v[j] = (sweep_sink){.slot = l->slot, .taken = false, .sink = l->gsink, .leaf = l};
     }
     *nsinks = m;
     return v;
@@ -244,7 +246,7 @@ static tg_status sweep(tg_tensor *out, tg_tensor *seed)
         return TG_ERR_NOMEM;
     }
     sweep_sink sink_buf[16];
-    s.sinks = sinks_init(tape, sink_buf, 16, &s.nsinks);
+    s.sinks = sinks_init(tape, sink_buf, (int)(sizeof sink_buf / sizeof *sink_buf), &s.nsinks);
     const bool sunk = s.nsinks > 0; /* in a register, as notify below */
     tg_tensor **grads = s.grads;
     grads[root] = tg_tensor_retain(seed);
