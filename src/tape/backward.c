@@ -98,7 +98,15 @@ static TG_ALWAYS_INLINE tg_status run_node_impl(sweep_state *s, int64_t idx, tg_
     if (!needs) return TG_OK;
     tg_tensor **dst[TG_OP_MAX_INPUTS];
     for (int i = 0; i < n->nin; i++) dst[i] = n->in_slot[i] >= 0 ? &s->grads[n->in_slot[i]] : NULL;
-    tg_tensor *sinkv[TG_OP_MAX_INPUTS], *const *sink = sunk ? node_sinks(s, n, dst, sinkv) : NULL;
+    /* Only a node with a leaf input can meet a sink: most nodes of a
+     * sweep over a parameter set's leaves (an RNN's, a chain's) have none,
+     * and pay one compare per input for it. */
+    tg_tensor *sinkv[TG_OP_MAX_INPUTS], *const *sink = NULL;
+    for (int i = 0; sunk && i < n->nin; i++)
+        if (n->in_node[i] < 0 && n->in_slot[i] >= 0) {
+            sink = node_sinks(s, n, dst, sinkv);
+            break;
+        }
     uint64_t ns = 0, *pns = s->tape->profiling ? &ns : NULL;
     tg_status st = s->tape->watch ? tg__hooks_node_pre(s->tape, idx, gout) : TG_OK;
     if (st) return st;
