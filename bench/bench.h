@@ -92,7 +92,7 @@ void bench_json_str(FILE *f, const char *s);
  * stages, which runs each stage in a scope of its own so that its
  * intermediates die at its end (sqrt(n) segments with segments, else none).
  * The caller owns the returned output. */
-tg_tensor *bench_lean_stages(tg_tape *tape, bool segments, int n, tg_segment_fn fn, void *ud,
+tg_tensor *bench_lean_stages(tg_tape *tape, int segments, int n, tg_segment_fn fn, void *ud,
                              tg_tensor *x);
 
 /* ---- core.c: the two core figures of the first benchmark issue, on the
@@ -158,7 +158,7 @@ typedef struct bench_workload {
     /* Records the forward on tape in the caller's scope and returns the
      * one-element loss (NULL, error set, on failure). segments: --policy
      * segments. */
-    tg_tensor *(*forward)(void *st, tg_tape *tape, bool segments);
+    tg_tensor *(*forward)(void *st, tg_tape *tape, int segments);
     /* The loss recomputed in plain C (+ cblas) from the current parameters. */
     int (*reference)(void *st, double *loss, char *err, size_t errlen);
     /* Optional: compares the gradients left by a backward with a plain-C
@@ -173,7 +173,7 @@ typedef struct bench_workload {
      * Returns the loss in the caller's scope; *owned gets a tensor kept
      * out of the scopes, which the caller releases after backward (NULL:
      * none). Must record the same ops in the same order as forward. */
-    tg_tensor *(*forward_lean)(void *st, tg_tape *tape, bool segments, tg_tensor **owned);
+    tg_tensor *(*forward_lean)(void *st, tg_tape *tape, int segments, tg_tensor **owned);
     void (*teardown)(void *st);
 } bench_workload;
 
@@ -203,8 +203,27 @@ typedef enum bench_policy {
     BENCH_POLICY_NONE = 0,
     BENCH_POLICY_BALANCED,
     BENCH_POLICY_BUDGET,
-    BENCH_POLICY_SEGMENTS
+    BENCH_POLICY_SEGMENTS,
+    BENCH_POLICY_BINOMIAL
 } bench_policy;
+
+/* A workload's forward segments: none, sqrt(n) groups (--policy segments)
+ * or binomial with BENCH_BINOMIAL_SLOTS slots (--policy binomial; a
+ * workload that is not a sequence of stages takes it as segments). */
+enum { BENCH_SEG_NONE = 0, BENCH_SEG_SQRT = 1, BENCH_SEG_BINOMIAL = 2 };
+#define BENCH_BINOMIAL_SLOTS 3
+/* tg_checkpoint_sequential's nsegments for a BENCH_SEG_* mode. */
+static inline int bench_nsegments(int segments)
+{
+    return segments == BENCH_SEG_BINOMIAL ? -BENCH_BINOMIAL_SLOTS
+                                          : segments == BENCH_SEG_SQRT ? 0 : 1;
+}
+/* The BENCH_SEG_* mode of a policy. */
+static inline int bench_seg_mode(bench_policy p)
+{
+    return p == BENCH_POLICY_BINOMIAL ? BENCH_SEG_BINOMIAL
+                                      : p == BENCH_POLICY_SEGMENTS ? BENCH_SEG_SQRT : BENCH_SEG_NONE;
+}
 
 typedef struct bench_suite_opts {
     bool quick;
@@ -258,7 +277,7 @@ typedef struct bench_session {
     tg_params *ps;
     tg_tape *tape;
     tg_optim *opt;
-    bool segments; /* forward with segments (BENCH_POLICY_SEGMENTS) */
+    int segments; /* forward's segments: BENCH_SEG_* */
     bool lean;     /* forward with wl->forward_lean */
 } bench_session;
 

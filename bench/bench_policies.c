@@ -22,7 +22,7 @@
 
 #include "bench.h"
 
-enum { NONE = BENCH_POLICY_NONE, NPOL = BENCH_POLICY_SEGMENTS + 1 };
+enum { NONE = BENCH_POLICY_NONE, NPOL = BENCH_POLICY_BINOMIAL + 1 };
 enum { NWL = 4 };
 static const bench_workload *const workloads[NWL] = {&bench_wl_elementwise, &bench_wl_deep,
                                                      &bench_wl_wide, &bench_wl_lstm};

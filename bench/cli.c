@@ -36,7 +36,9 @@ void bench_cli_usage(FILE *f, const char *prog)
                "  --policy P     checkpoint policy of every tape: none (default), balanced,\n"
                "                 budget:BYTES (suffix k, M or G allowed), segments\n"
                "                 (sqrt(n) groups of the tg_sequential layers of mlp, deep and\n"
-               "                 conv, elsewhere the whole forward as one segment)\n"
+               "                 conv, elsewhere the whole forward as one segment), binomial\n"
+               "                 (those layers as nested segments, 3 slots; elsewhere as\n"
+               "                 segments)\n"
                "  --json FILE    write every figure to FILE as JSON\n"
                "  --profile      print the profiler's table per workload (op, calls, forward\n"
                "                 and backward ms, saved bytes, recomputes)\n"
@@ -71,6 +73,8 @@ static bool parse_policy(const char *s, bench_suite_opts *o)
         o->policy = BENCH_POLICY_BALANCED;
     } else if (strcmp(s, "segments") == 0) {
         o->policy = BENCH_POLICY_SEGMENTS;
+    } else if (strcmp(s, "binomial") == 0) {
+        o->policy = BENCH_POLICY_BINOMIAL;
     } else if (strncmp(s, "budget:", 7) == 0 && parse_bytes(s + 7, &o->budget_bytes)) {
         o->policy = BENCH_POLICY_BUDGET;
     } else {
@@ -133,7 +137,7 @@ int bench_cli(const char *prog, int argc, char **argv)
         } else if ((v = opt_value(argc, argv, &i, "--policy", &missing))) {
             if (!parse_policy(v, &o)) {
                 fprintf(stderr,
-                        "%s: --policy needs none, balanced, budget:BYTES or segments, "
+                        "%s: --policy needs none, balanced, budget:BYTES, segments or binomial, "
                         "got '%s'\n",
                         prog, v);
                 return 2;

@@ -115,10 +115,10 @@ void *bench_setup_failed(char *err, size_t errlen, const char *what)
 
 /* ---- lean stages */
 
-tg_tensor *bench_lean_stages(tg_tape *tape, bool segments, int n, tg_segment_fn fn, void *ud,
+tg_tensor *bench_lean_stages(tg_tape *tape, int segments, int n, tg_segment_fn fn, void *ud,
                              tg_tensor *x)
 {
-    return tg_scope_keep(tg_checkpoint_sequential(tape, n, segments ? 0 : 1, fn, ud, x));
+    return tg_scope_keep(tg_checkpoint_sequential(tape, n, bench_nsegments(segments), fn, ud, x));
 }
 
 /* ---- environment */

@@ -11,7 +11,8 @@
  * Ops are taken from the registry and their gradcheck cases (.sample), run
  * on both backends in f64 and in f32 (inputs cast after the case is made).
  * Workloads are the benchmark suite's (bench.h), under NONE, BALANCED,
- * BUDGET (half of NONE's saved peak) and segments. Hashes are FNV-1a over
+ * BUDGET (half of NONE's saved peak), segments and, for the sequential
+ * workloads, binomial segments (3 slots). Hashes are FNV-1a over
  * the bytes of each tensor, row-major, so a single differing bit shows.
  * Uses the public API and bench.h only, so the same file builds against
  * any version that has them. */
@@ -156,7 +157,7 @@ static void ops(void)
 
 /* One forward + backward of wl under a policy; returns the saved peak. */
 static size_t wl_run(const bench_workload *wl, const char *pname, tg_checkpoint_policy policy,
-                     size_t budget, bool segments)
+                     size_t budget, int segments)
 {
     char err[256] = "", what[128];
     snprintf(what, sizeof what, "wl %s %s", wl->name, pname);
@@ -194,10 +195,11 @@ static void workloads(void)
 {
     for (int i = 0; bench_workloads[i]; i++) {
         const bench_workload *wl = bench_workloads[i];
-        size_t peak = wl_run(wl, "none", TG_CHECKPOINT_NONE, 0, false);
-        wl_run(wl, "balanced", TG_CHECKPOINT_BALANCED, 0, false);
-        wl_run(wl, "budget", TG_CHECKPOINT_BUDGET, peak / 2, false);
-        wl_run(wl, "segments", TG_CHECKPOINT_NONE, 0, true);
+        size_t peak = wl_run(wl, "none", TG_CHECKPOINT_NONE, 0, BENCH_SEG_NONE);
+        wl_run(wl, "balanced", TG_CHECKPOINT_BALANCED, 0, BENCH_SEG_NONE);
+        wl_run(wl, "budget", TG_CHECKPOINT_BUDGET, peak / 2, BENCH_SEG_NONE);
+        wl_run(wl, "segments", TG_CHECKPOINT_NONE, 0, BENCH_SEG_SQRT);
+        if (wl->sequential) wl_run(wl, "binomial", TG_CHECKPOINT_NONE, 0, BENCH_SEG_BINOMIAL);
     }
 }
 

@@ -34,6 +34,8 @@ const char *bench_policy_name(bench_policy p)
         return "budget";
     case BENCH_POLICY_SEGMENTS:
         return "segments";
+    case BENCH_POLICY_BINOMIAL:
+        return "binomial";
     default:
         return "none";
     }
@@ -116,7 +118,7 @@ int bench_session_retape(bench_session *s, bench_policy policy, size_t budget, c
 {
     tg_tape_free(s->tape);
     s->tape = new_tape(policy, budget);
-    s->segments = policy == BENCH_POLICY_SEGMENTS;
+    s->segments = bench_seg_mode(policy);
     if (!s->tape || tg_params_requires_grad(s->ps, s->tape))
         return bench_lib_fail(err, errlen, "setup");
     return 0;
@@ -131,7 +133,7 @@ int bench_session_open(bench_session *s, const bench_workload *wl, const bench_s
     if (!(s->st = wl->setup(err, errlen))) return -1;
     s->ps = wl->params(s->st);
     if (!o) return bench_session_retape(s, BENCH_POLICY_NONE, 0, err, errlen);
-    s->segments = o->policy == BENCH_POLICY_SEGMENTS;
+    s->segments = bench_seg_mode(o->policy);
     s->tape = new_tape(o->policy, o->budget_bytes);
     tg_optim_opts oo = tg_optim_defaults(TG_OPTIM_SGD);
     oo.lr = 1e-3;

@@ -140,13 +140,13 @@ static tg_tensor *stack_layer(void *p, int l, tg_tensor *h)
 /* The layers API's container: lean under every policy (each module's
  * output is released once the next has run), sqrt(n) segments with
  * segments. */
-static tg_tensor *stack_forward(void *p, tg_tape *tape, bool segments)
+static tg_tensor *stack_forward(void *p, tg_tape *tape, int segments)
 {
     stack_st *s = p;
-    return tg_sequential_forward(s->seq, tape, segments ? 0 : 1, s->x);
+    return tg_sequential_forward(s->seq, tape, bench_nsegments(segments), s->x);
 }
 
-static tg_tensor *stack_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
+static tg_tensor *stack_forward_lean(void *p, tg_tape *tape, int segments, tg_tensor **owned)
 {
     stack_st *s = p;
     tg_tensor *h = bench_lean_stages(tape, segments, s->nl, stack_layer, s, s->x);
@@ -451,10 +451,10 @@ static tg_params *conv_params(void *p)
 /* The container with the loss as its last module (lean: the conv output
  * dies once relu has run, the logits once the loss has), ceil(sqrt(5)) = 3
  * groups with segments. */
-static tg_tensor *conv_forward(void *p, tg_tape *tape, bool segments)
+static tg_tensor *conv_forward(void *p, tg_tape *tape, int segments)
 {
     conv_st *s = p;
-    return tg_sequential_forward(s->seq, tape, segments ? 0 : 1, s->x);
+    return tg_sequential_forward(s->seq, tape, bench_nsegments(segments), s->x);
 }
 
 /* The linear layer's GEMMs only (the convolution's are left out). */

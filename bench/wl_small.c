@@ -77,7 +77,7 @@ static tg_tensor *tiny_whole(void *p, int layer, tg_tensor *x)
     return tg_mse_loss(tg_linear_forward(s->l[2], h), s->y);
 }
 
-static tg_tensor *tiny_forward(void *p, tg_tape *tape, bool segments)
+static tg_tensor *tiny_forward(void *p, tg_tape *tape, int segments)
 {
     tiny_st *s = p;
     return segments ? tg_checkpoint(tape, tiny_whole, s, s->x) : tiny_whole(s, 0, s->x);
@@ -164,7 +164,7 @@ static tg_tensor *chain_whole(void *p, int layer, tg_tensor *x)
     return x;
 }
 
-static tg_tensor *chain_forward(void *p, tg_tape *tape, bool segments)
+static tg_tensor *chain_forward(void *p, tg_tape *tape, int segments)
 {
     chain_st *s = p;
     return segments ? tg_checkpoint(tape, chain_whole, s, s->x) : chain_whole(s, 0, s->x);
@@ -281,7 +281,7 @@ static tg_tensor *elem_whole(void *p, int layer, tg_tensor *x)
     return tg_sum(tg_mul(t, sg));
 }
 
-static tg_tensor *elem_forward(void *p, tg_tape *tape, bool segments)
+static tg_tensor *elem_forward(void *p, tg_tape *tape, int segments)
 {
     elem_st *s = p;
     return segments ? tg_checkpoint(tape, elem_whole, s, s->x) : elem_whole(s, 0, s->x);
@@ -308,7 +308,7 @@ static tg_tensor *elem_lean(void *p, int layer, tg_tensor *x)
     return y;
 }
 
-static tg_tensor *elem_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
+static tg_tensor *elem_forward_lean(void *p, tg_tape *tape, int segments, tg_tensor **owned)
 {
     elem_st *s = p;
     tg_tensor *loss = segments ? tg_checkpoint(tape, elem_lean, s, s->x) : elem_lean(s, 0, s->x);
@@ -535,7 +535,7 @@ static tg_tensor *rnn_whole(void *p, int layer, tg_tensor *h)
     return tg_mul_scalar(loss, 1.0 / RNN_T);
 }
 
-static tg_tensor *rnn_forward(void *p, tg_tape *tape, bool segments)
+static tg_tensor *rnn_forward(void *p, tg_tape *tape, int segments)
 {
     rnn_st *s = p;
     return segments ? tg_checkpoint(tape, rnn_whole, s, s->h0) : rnn_whole(s, 0, s->h0);
@@ -668,7 +668,7 @@ static tg_tensor *lstm_step(void *p, int t, tg_tensor *hc)
     return tg_concat(2, both, 1);
 }
 
-static tg_tensor *lstm_forward(void *p, tg_tape *tape, bool segments)
+static tg_tensor *lstm_forward(void *p, tg_tape *tape, int segments)
 {
     lstm_st *s = p;
     tg_tensor *hc = s->hc0;
@@ -680,7 +680,7 @@ static tg_tensor *lstm_forward(void *p, tg_tape *tape, bool segments)
     return tg_mean(tg_mul(hc, hc));
 }
 
-static tg_tensor *lstm_forward_lean(void *p, tg_tape *tape, bool segments, tg_tensor **owned)
+static tg_tensor *lstm_forward_lean(void *p, tg_tape *tape, int segments, tg_tensor **owned)
 {
     lstm_st *s = p;
     tg_tensor *hc = bench_lean_stages(tape, segments, LSTM_T, lstm_step, s, s->hc0);

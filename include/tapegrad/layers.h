@@ -58,7 +58,8 @@ void tg_batch_norm_layer_free(tg_batch_norm_layer *l);
  * each output released once the next module has run, so that beside what
  * the tape saves the forward holds one module's values at a time and the
  * process's peak follows the checkpoint policy. nsegments as there: 1 for
- * no segment (tape may then be NULL), 0 for ceil(sqrt(n)) groups, k for k.
+ * no segment (tape may then be NULL), 0 for ceil(sqrt(n)) groups, k for k,
+ * -s for binomial checkpointing with s slots.
  * The container borrows its modules (free them after it, or before if it
  * is not run again) and must outlive the tape's backward when segmented
  * (backward re-runs the stages through it). Add functions: TG_ERR_NULL for

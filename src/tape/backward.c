@@ -120,6 +120,7 @@ static TG_ALWAYS_INLINE tg_status run_node_impl(sweep_state *s, int64_t idx, tg_
     } else {
         unsigned saves = n->op->saves;
         tg_tensor *args[TG_OP_MAX_INPUTS], *out = NULL;
+        s->ctx = n->segment;
         if ((saves & TG_SAVE_OUTPUT) || n->remake_extra) st = tg__sweep_value_of(s, idx, &out);
         /* A kept output (a checkpoint, or a segment's boundary) comes
          * without the extras its forward keeps (max_pool2d's indices,

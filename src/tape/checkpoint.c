@@ -65,6 +65,8 @@
  * recording fails with TG_ERR_BUDGET at that op and the tape stays usable.
  * Guarantee: tg_tape_saved_bytes never exceeds the budget, at any point. */
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 #include "tape/tape_internal.h"
 
@@ -87,15 +89,17 @@ bool tg__node_keeps_inputs(const tg_node *n)
     return true;
 }
 
-/* Whether a recompute node of segment seg (0: none) reading the output of p
- * makes the tape keep that value at p: a checkpoint at a saving producer
- * (lean: only when p cannot be re-run from what it keeps), a segment's
- * boundary, or where BALANCED cuts a long chain of recompute nodes. */
+/* Whether a recompute node in the outermost segment seg (0: none) reading
+ * the output of p makes the tape keep that value at p: a checkpoint at a
+ * saving producer (lean: only when p cannot be re-run from what it keeps),
+ * an outermost segment's boundary (a nested one's boundaries are kept by
+ * the backward that re-runs it, recompute.c), or where BALANCED cuts a
+ * long chain of recompute nodes. */
 static bool kept_at(const tg_tape *tape, const tg_node *p, int32_t seg, bool checkpoints)
 {
     if (p->ckpt || p->out_saved) return false; /* kept already */
     if (!p->recompute) return checkpoints || !tg__node_keeps_inputs(p);
-    if (p->segment) return p->segment != seg;
+    if (p->segment) return tg__seg_root(tape, p->segment) != seg;
     /* BALANCED, outside segments: a chain of recompute nodes (an LSTM's
      * cell state, step after step) is cut every TG_BALANCED_MAX_CHAIN
      * nodes, so backward never has to rematerialise more than that many
@@ -144,7 +148,7 @@ static size_t none_segment_cost(tg_tape *tape, int nin, tg_tensor *const *in, co
         bool dup = false;
         for (int k = 0; k < i && !dup; k++)
             dup = tracked[k] && !in[k]->is_leaf && in[k]->node == in[i]->node;
-        if (dup || p->none_kept || p->segment == tape->segment_id) continue;
+        if (dup || p->none_kept || tg__seg_root(tape, p->segment) == tape->segment_id) continue;
         b += tg__kept_bytes(in[i]);
         if (mark) p->none_kept = true;
     }
@@ -299,7 +303,7 @@ void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const
             /* kept_at: a checkpoint at a saving producer, a segment's
              * boundary (backward re-runs one segment at a time) or
              * BALANCED's cut of a long chain. */
-            if (kept_at(tape, p, n->segment, checkpoints)) {
+            if (kept_at(tape, p, tg__seg_root(tape, n->segment), checkpoints)) {
                 p->ckpt = tg_tensor_retain(in[i]);
                 if (p->consumed) tape->ckpt_late = true; /* tg_tape_reset must release it */
                 p->ckpt_ver = in[i]->storage->version;
@@ -320,8 +324,23 @@ tg_status tg_checkpoint_begin(tg_tape *tape)
 {
     tg_status st = tg__tape_check(tape, "checkpoint_begin");
     if (st) return st;
+    if (tape->nsegments + 1 >= tape->capsegs) {
+        if (tape->nsegments >= INT32_MAX / 2)
+            return tg__err(TG_ERR_INVALID, "more than %d checkpoint segments on one tape",
+                           INT32_MAX / 2);
+        int32_t cap = tape->capsegs ? 2 * tape->capsegs : 16;
+        tg__seg *p = realloc(tape->segs, (size_t)cap * sizeof *p);
+        if (!p) return tg__err(TG_ERR_NOMEM, "out of memory for a checkpoint segment");
+        p[0] = (tg__seg){0, 0, 0};
+        tape->segs = p;
+        tape->capsegs = cap;
+    }
     if (tg__replay_capturing(tape) && (st = tg__replay_mark(tape, true))) return st;
-    if (tape->segment_depth++ == 0) tape->segment_id = ++tape->nsegments;
+    int32_t id = ++tape->nsegments, parent = tape->segment_inner;
+    tape->segs[id] = (tg__seg){parent, parent ? tape->segs[parent].root : id,
+                               tape->segment_depth + 1};
+    if (tape->segment_depth++ == 0) tape->segment_id = id;
+    tape->segment_inner = id;
     return TG_OK;
 }
 
@@ -332,6 +351,7 @@ tg_status tg_checkpoint_end(tg_tape *tape)
         return tg__err(TG_ERR_INVALID, "tg_checkpoint_end without a matching tg_checkpoint_begin");
     tg_status st;
     if (tg__replay_capturing(tape) && (st = tg__replay_mark(tape, false))) return st;
+    tape->segment_inner = tape->segs[tape->segment_inner].parent;
     if (--tape->segment_depth == 0) tape->segment_id = 0;
     return TG_OK;
 }
@@ -404,6 +424,83 @@ tg_tensor *tg_checkpoint(tg_tape *tape, tg_segment_fn fn, void *userdata, tg_ten
  * stage shorter keeps the saved peak of a 16-stage Linear + ReLU stack at
  * 9 of NONE's 32 activations (under a third; segments 5, 4, 4, tail 3),
  * for 13 stages recomputed instead of 16. */
+/* Binomial checkpointing (nsegments = -s): the stages as a tree of
+ * nested segments, so that backward keeps at most s boundaries beside the
+ * stage it differentiates, at the price of re-running each stage up to r
+ * times (recompute.c re-runs nested segments level by level).
+ *
+ * A tree T(s, r) of s slots and r re-runs holds C(s + r, s) stages: its
+ * children i = 0 .. s, in order, are trees T(s - i, r - 1), since while
+ * backward works in child i, the outputs of children 0 .. i - 1 are held;
+ * a tree with r = 0 or s = 0 is a single stage. The children sum to the
+ * whole (sum over i of C(s - i + r - 1, s - i) = C(s + r, s)); the
+ * stages are dealt out front first, so a short model uses few children.
+ * At the top, the children are outermost segments, whose boundaries the
+ * tape keeps from the forward on; deeper ones are nested segments, whose
+ * boundaries exist only while backward re-runs their parent. This is the
+ * schedule of Griewank's revolve in the form of nested segments. */
+static int64_t tree_size(int s, int r)
+{
+    /* C(s + r, s), saturated past INT32_MAX. */
+    int64_t c = 1;
+    for (int k = 1; k <= s; k++) {
+        c = c * (r + k) / k;
+        if (c > INT32_MAX) return (int64_t)INT32_MAX + 1;
+    }
+    return c;
+}
+
+typedef struct tree_run {
+    tg_tape *tape;
+    tg_segment_fn fn;
+    void *userdata;
+    tg_tensor *h; /* the current stage's input */
+    bool owned;   /* h is a reference owned here */
+} tree_run;
+
+static bool tree_stage(tree_run *t, int l)
+{
+    tg_tensor *y = stage_run(t->fn, t->userdata, l, t->h);
+    if (t->owned) tg_tensor_release(t->h);
+    t->h = y;
+    t->owned = true;
+    return y != NULL;
+}
+
+/* Stages l .. l + n - 1 as the tree T(s, r) (tree_size(s, r) >= n). */
+static bool tree_run_stages(tree_run *t, int l, int n, int s, int r)
+{
+    if (n == 1) return tree_stage(t, l);
+    int at = l;
+    for (int i = 0; i <= s && at < l + n; i++) {
+        int64_t cap = tree_size(s - i, r - 1), left = l + n - at;
+        int size = (int)(left < cap ? left : cap);
+        if (size > 1) {
+            if (tg_checkpoint_begin(t->tape)) return false;
+            bool ok = tree_run_stages(t, at, size, s - i, r - 1);
+            tg_checkpoint_end(t->tape);
+            if (!ok) return false;
+        } else if (!tree_stage(t, at)) {
+            return false;
+        }
+        at += size;
+    }
+    return true;
+}
+
+static tg_tensor *binomial_sequential(tg_tape *tape, int nlayers, int slots, tg_segment_fn fn,
+                                      void *userdata, tg_tensor *x)
+{
+    int r = 0;
+    while (tree_size(slots, r) < nlayers) r++;
+    tree_run t = {tape, fn, userdata, x, false};
+    if (!tree_run_stages(&t, 0, nlayers, slots, r)) {
+        if (t.owned) tg_tensor_release(t.h);
+        return NULL;
+    }
+    return stage_result(t.h);
+}
+
 tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, tg_segment_fn fn,
                                     void *userdata, tg_tensor *x)
 {
@@ -416,6 +513,16 @@ tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, t
         tg__err(TG_ERR_INVALID, "bad argument #2 to 'checkpoint_sequential' (%d layers)", nlayers);
         return NULL;
     }
+    if (nlayers == 0) return x;
+    if (nsegments < 0) {
+        if (nsegments < -TG_CHECKPOINT_MAX_SLOTS) {
+            tg__err(TG_ERR_INVALID, "bad argument #3 to 'checkpoint_sequential' (%d: binomial "
+                                    "checkpointing takes 1 to %d slots)", nsegments,
+                    TG_CHECKPOINT_MAX_SLOTS);
+            return NULL;
+        }
+        return binomial_sequential(tape, nlayers, -nsegments, fn, userdata, x);
+    }
     int k = nsegments > 0 ? nsegments : (int)ceil(sqrt((double)nlayers));
     if (k > nlayers) k = nlayers;
     int nseg = 0, tail = nlayers;
@@ -425,7 +532,6 @@ tg_tensor *tg_checkpoint_sequential(tg_tape *tape, int nlayers, int nsegments, t
         tail = per > 1 ? per - 1 : 1;
     }
     int body = nlayers - tail; /* >= nseg: every segment gets a stage */
-    if (nlayers == 0) return x;
     /* h: the current stage's input; from stage 1 on a reference owned here
      * (stage 0's is the caller's x, borrowed). */
     tg_tensor *h = x;

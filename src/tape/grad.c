@@ -108,6 +108,7 @@ static tg_status graph_node(graph_sweep *g, int64_t idx, tg_tensor *gout)
         out = tg_tensor_retain(nd.out_saved);
     } else {
         tg_tensor *v = NULL;
+        s->ctx = nd.segment;
         if ((saves & TG_SAVE_OUTPUT) || nd.remake_extra) st = tg__sweep_value_of(s, idx, &v);
         if (!st && nd.remake_extra && !s->vals[idx] && s->nextra[idx] == 0)
             st = tg__sweep_rematerialize(s, idx);

@@ -1,8 +1,27 @@
 /* Recompute: the values a recompute node's backward reads, made again
  * during the sweep from what the checkpoint policy kept (checkpoint.c
- * decides what that is). A value is rematerialised at most once per
- * backward, through the node executor, and dropped as soon as the sweep
- * has passed its producer. */
+ * decides what that is), through the node executor.
+ *
+ * A rematerialised value is held until the sweep passes its producer,
+ * except one that nothing will read again once every node reading it has
+ * been re-run: it is dropped then, so that a chain re-run from a kept
+ * value holds two of its values at a time, not all of them. Such a value
+ * is one that
+ *   - no backward reads (an affine's output, which only the relu after it
+ *     reads, to be re-run; the relu keeps its own output): dropped when
+ *     the nodes reading it have been re-run;
+ *   - or lies inside a nested segment that the node whose backward runs
+ *     is not in, and does not leave it (its escape depth is deeper than
+ *     the segment the two share): a re-run for a later sibling segment
+ *     passes through it to reach that sibling's input, keeps the values
+ *     that leave each segment (its boundaries) and drops the rest; the
+ *     sweep re-runs it again, from the boundary before it, when it
+ *     reaches that segment.
+ * Nested segments thus trade forwards for memory level by level, as
+ * binomial checkpointing does (tg_checkpoint_sequential with a negative
+ * nsegments): a value can be rematerialised more than once per backward,
+ * once per level that re-runs it, and each time from the same inputs by
+ * the same forward, so with the same bits. */
 #include <stdlib.h>
 
 #include "tape/sweep.h"
@@ -17,21 +36,53 @@ static bool any_recompute(const tg_tape *tape, int64_t upto)
     return false;
 }
 
+/* Readers, escape depth and backward reads of every value up to top (see
+ * sweep_use): only recompute nodes read their inputs' values from the
+ * producers (a saving node keeps what its backward reads). */
+static void uses_init(sweep_state *s, int64_t top)
+{
+    const tg_tape *tape = s->tape;
+    const tg_node *nodes = tape->nodes;
+    for (int64_t j = 0; j <= top; j++) {
+        const tg_node *n = &nodes[j];
+        sweep_use *u = &s->use[j];
+        u->escape = n->segment ? tape->segs[n->segment].depth : 0;
+        u->bw_read = u->bw_read || (n->op->saves & TG_SAVE_OUTPUT) || n->remake_extra;
+        if (!n->recompute) continue;
+        for (int i = 0; i < n->nin; i++) {
+            int32_t p = n->in_node[i];
+            if (p < 0) continue;
+            sweep_use *pu = &s->use[p];
+            if (n->op->saves & TG_SAVE_INPUT(i)) pu->bw_read = true;
+            bool dup = false;
+            for (int k = 0; k < i && !dup; k++) dup = n->in_node[k] == p;
+            if (dup) continue;
+            pu->uses++;
+            int32_t d = tg__seg_lca_depth(tape, nodes[p].segment, n->segment);
+            if (d < pu->escape) pu->escape = d;
+        }
+    }
+}
+
 tg_status tg__sweep_values_init(sweep_state *s, int64_t top)
 {
     if (top < 0 || !any_recompute(s->tape, top)) return TG_OK;
     s->vals = calloc((size_t)(top + 1), sizeof *s->vals);
     s->extra = calloc((size_t)(top + 1), sizeof *s->extra);
     s->nextra = calloc((size_t)(top + 1), sizeof *s->nextra);
-    if (!s->vals || !s->extra || !s->nextra) {
+    s->use = calloc((size_t)(top + 1), sizeof *s->use);
+    if (!s->vals || !s->extra || !s->nextra || !s->use) {
         free(s->vals);
         free(s->extra);
         free(s->nextra);
+        free(s->use);
         s->vals = NULL;
         s->extra = NULL;
         s->nextra = NULL;
+        s->use = NULL;
         return tg__err(TG_ERR_NOMEM, "out of memory for recompute state");
     }
+    uses_init(s, top);
     return TG_OK;
 }
 
@@ -51,7 +102,9 @@ void tg__sweep_values_free(sweep_state *s, int64_t top)
     free(s->vals);
     free(s->extra);
     free(s->nextra);
+    free(s->use);
     s->vals = NULL;
+    s->use = NULL;
 }
 
 tg_status tg__sweep_input_value(sweep_state *s, const tg_node *n, int i, tg_tensor **out)
@@ -98,9 +151,24 @@ tg_status tg__sweep_rematerialize(sweep_state *s, int64_t j)
     bool prof = s->tape->profiling;
     st = tg__exec_forward(s->tape, n, args, s->extra[j], &s->nextra[j], prof ? &ns : NULL, &s->vals[j]);
     if (prof) tg__profile_recompute(s->tape, n->op, ns);
-    if (!st) s->tape->recomputes++;
     for (int i = 0; i < n->nin; i++) tg_tensor_release(args[i]);
-    return st;
+    if (st) return st;
+    s->tape->recomputes++;
+    s->use[j].left = s->use[j].uses;
+    /* The inputs this re-run was the last reader of, if nothing else
+     * needs them (this file's header). */
+    for (int i = 0; i < n->nin && !s->hold; i++) {
+        int32_t p = n->in_node[i];
+        if (p < 0 || !s->vals[p]) continue;
+        bool dup = false;
+        for (int k = 0; k < i && !dup; k++) dup = n->in_node[k] == p;
+        sweep_use *u = &s->use[p];
+        if (dup || --u->left > 0) continue;
+        const tg_tape *tape = s->tape;
+        if (!u->bw_read || tg__seg_lca_depth(tape, tape->nodes[p].segment, s->ctx) < u->escape)
+            tg__sweep_drop(s, p);
+    }
+    return TG_OK;
 }
 
 tg_status tg__sweep_value_of(sweep_state *s, int64_t j, tg_tensor **out)

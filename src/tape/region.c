@@ -498,7 +498,21 @@ static tg_status run_blocks(region *r, int64_t b)
     return st;
 }
 
+static tg_status region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g);
+
+/* The run plans on borrowed values: no value is dropped early meanwhile
+ * (recompute.c). */
 tg_status tg__region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g)
+{
+    bool hold = s->hold;
+    s->hold = true;
+    s->ctx = s->tape->nodes[top].segment;
+    tg_status st = region_run(s, lo, top, g);
+    s->hold = hold;
+    return st;
+}
+
+static tg_status region_run(sweep_state *s, int64_t lo, int64_t top, tg_tensor *g)
 {
     region *r = region_take(0);
     if (!r) return tg__err(TG_ERR_NOMEM, "out of memory for a pointwise region");

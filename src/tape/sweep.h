@@ -9,9 +9,9 @@
 #include "tape/exec.h"
 
 /* Gradient slots and, for recompute nodes, the values rematerialised so
- * far (each once, freed when the sweep passes the node that produced it:
- * every consumer comes later in the record, so it has been processed by
- * then). */
+ * far (freed when the sweep passes the node that produced it, every
+ * consumer coming later in the record, or earlier where nothing still
+ * needs them: recompute.c). */
 /* A leaf's gradient sink in one sweep (backward.c): its slot, the sink,
  * and whether a backward was offered it (so may have written it). */
 typedef struct sweep_sink {
@@ -21,12 +21,26 @@ typedef struct sweep_sink {
     tg_tensor *leaf;
 } sweep_sink;
 
+/* What a sweep knows of a recompute value (recompute.c): how many nodes
+ * read it (uses), how many of those have not been re-run since it was
+ * last rematerialised (left), the depth of the shallowest segment its
+ * value leaves (escape: of the innermost segment holding it and each
+ * reader) and whether a backward reads it (its node's, or a recompute
+ * reader's that saves that input). */
+typedef struct sweep_use {
+    int32_t uses, left, escape;
+    bool bw_read;
+} sweep_use;
+
 typedef struct sweep_state {
     tg_tape *tape;
     tg_tensor **grads;                      /* [nslots] */
     tg_tensor **vals;                       /* [nnodes] or NULL */
     tg_tensor *(*extra)[TG_OP_MAX_EXTRA];   /* [nnodes] */
     int *nextra;                            /* [nnodes] */
+    sweep_use *use;                         /* [nnodes] with vals */
+    int32_t ctx; /* innermost segment of the node whose backward runs */
+    bool hold;   /* drop no value early (a pointwise region plans on them) */
     sweep_sink *sinks;                      /* [nsinks] by slot, or NULL */
     int nsinks;
 } sweep_state;

@@ -233,6 +233,7 @@ void tg__tape_unref(tg_tape *tape)
     free(tape->nodes);
     free(tape->leaves);
     free(tape->sweep_grads);
+    free(tape->segs);
     free(tape);
 }
 
@@ -295,6 +296,7 @@ void tg__tape_reset_record(tg_tape *tape)
     tape->none_bytes = 0;
     tape->segment_depth = 0;
     tape->segment_id = 0;
+    tape->segment_inner = 0;
     tape->nsegments = 0;
     tape->recomputes = 0;
     tape->nrecompute = 0;
@@ -514,7 +516,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->recompute = recompute;
     n->remake_extra = false;
     n->ckpt = NULL;
-    n->segment = tape->segment_id;
+    n->segment = tape->segment_inner;
     n->chain = 0;
     n->none_kept = !n->segment && (op->saves & TG_SAVE_OUTPUT);
     n->region_size = out->numel * (int64_t)tg__esize(out->dtype) >= TG_REGION_MIN_BYTES;

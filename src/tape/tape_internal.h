@@ -40,7 +40,7 @@ typedef struct tg_node {
     int32_t in_spec[TG_OP_MAX_INPUTS];   /* ids in the tape's spec pool */
     int32_t out_spec;
     int32_t attrs;                       /* id in the attrs pool, -1: all zero */
-    int32_t segment;                     /* checkpoint segment id, 0 outside any */
+    int32_t segment;                     /* innermost checkpoint segment's id, 0: none */
     int32_t label;                       /* index into tape->labels, -1: none */
     int32_t chain;                       /* BALANCED: recompute nodes back to a kept value */
     uint8_t nin;
@@ -109,7 +109,12 @@ struct tg_tape {
     size_t none_bytes;     /* what NONE would keep for the ops recorded (checkpoint.c) */
     int segment_depth;     /* open tg_checkpoint_begin calls */
     int32_t segment_id;    /* id of the open outermost segment, 0 if none */
+    int32_t segment_inner; /* id of the open innermost segment, 0 if none */
     int32_t nsegments;     /* ids handed out since the last reset */
+    /* Every segment opened since the last reset, by id (segs[0]: none):
+     * nested ones too (tg__seg_root, tg__seg_lca; recompute.c). */
+    struct tg__seg *segs;
+    int32_t capsegs;
     int64_t recomputes;    /* forwards re-run by backward, since the last reset */
     int64_t nrecompute;    /* recompute nodes recorded since the last reset */
     /* Nodes a backward released (consumed), since the last reset, and
@@ -168,6 +173,33 @@ struct tg_tape {
     const tg_op **prof_ops;
     int nprof, capprof;
 };
+
+/* A checkpoint segment: the one it opened in (0: none), the outermost
+ * one around it (itself at depth 1) and its depth (1: outermost). */
+typedef struct tg__seg {
+    int32_t parent, root;
+    int32_t depth;
+} tg__seg;
+
+/* Outermost segment around segment id (0 for 0). */
+static inline int32_t tg__seg_root(const struct tg_tape *tape, int32_t id)
+{
+    return id ? tape->segs[id].root : 0;
+}
+
+/* Depth of the innermost segment that holds both a and b (0: none). */
+static inline int32_t tg__seg_lca_depth(const struct tg_tape *tape, int32_t a, int32_t b)
+{
+    if (!a || !b) return 0;
+    const tg__seg *s = tape->segs;
+    while (a != b) {
+        if (s[a].depth >= s[b].depth)
+            a = s[a].parent;
+        else
+            b = s[b].parent;
+    }
+    return s[a].depth;
+}
 
 /* A tensor's tape record is live: leaf of a live tape, or recorded in the
  * tape's current generation. Inline: dispatch and replay ask per input. */
