@@ -309,13 +309,51 @@ void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const
                 p->ckpt_ver = in[i]->storage->version;
                 tg__tape_charge(tape, p, tg__kept_bytes(in[i]));
             }
-            if (p->recompute && !p->ckpt && p->chain + 1 > n->chain) n->chain = p->chain + 1;
+            if (p->ckpt && !p->recompute && p->ckpt_users < UINT16_MAX) p->ckpt_users++;
+            if (p->recompute && !p->ckpt && p->chain + 1 > n->chain)
+                n->chain = (int16_t)(p->chain < INT16_MAX ? p->chain + 1 : INT16_MAX);
         } else if (tracked[i]) {
             n->in_val[i] = in[i]; /* a leaf: the leaf list holds it */
         } else {
             n->in_val[i] = tg_tensor_retain(in[i]);
             n->in_val_owned |= (uint8_t)(1u << i);
             tg__tape_charge(tape, n, tg__kept_bytes(in[i]));
+        }
+    }
+}
+
+/* A recompute node p re-run only for its output (the op saves nothing
+ * else, keeps no extras) whose output a later saving node saves: NONE
+ * would have kept that output at p and at the saving node alike, the
+ * same tensor. BALANCED or a segment chose to re-run p instead, keeping
+ * the values p reads (a checkpoint at a saving producer: an affine's
+ * output, for a relu) for it; now that the saving node keeps p's output
+ * anyway, p keeps it too, uncharged (the saving node is charged for it,
+ * as under NONE), is never re-run, and each checkpoint that p was the
+ * last recompute reader of is released. Without this a Linear + ReLU
+ * stack under BALANCED held each layer's affine output and relu output
+ * (twice NONE's memory, 16 forwards re-run on deep) while the saved-bytes
+ * count, which charges NONE for the shared tensor twice, read as NONE's.
+ * The values backward reads are the same, so the gradients' bits are. */
+void tg__checkpoint_adopt(tg_tape *tape, tg_node *n, tg_tensor *const *in)
+{
+    for (int i = 0; i < n->nin; i++) {
+        if (!n->in_saved[i] || n->in_node[i] < 0 || n->in_saved[i] != in[i]) continue;
+        tg_node *p = &tape->nodes[n->in_node[i]];
+        if (!p->recompute || p->consumed || p->out_saved || p->ckpt || p->remake_extra ||
+            p->op->saves != TG_SAVE_OUTPUT || in[i]->storage->version != p->out_ver)
+            continue;
+        p->out_saved = tg_tensor_retain(in[i]);
+        for (int k = 0; k < p->nin; k++) {
+            if (p->in_node[k] < 0) continue;
+            tg_node *q = &tape->nodes[p->in_node[k]];
+            if (q->recompute || !q->ckpt || q->ckpt_users == UINT16_MAX) continue;
+            if (--q->ckpt_users > 0) continue;
+            size_t b = tg__kept_bytes(q->ckpt);
+            tg_tensor_release(q->ckpt);
+            q->ckpt = NULL;
+            q->saved_bytes -= b;
+            tape->saved_bytes -= b;
         }
     }
 }

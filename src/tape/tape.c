@@ -518,6 +518,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->ckpt = NULL;
     n->segment = tape->segment_inner;
     n->chain = 0;
+    n->ckpt_users = 0;
     n->none_kept = !n->segment && (op->saves & TG_SAVE_OUTPUT);
     n->region_size = out->numel * (int64_t)tg__esize(out->dtype) >= TG_REGION_MIN_BYTES;
     n->in_val_owned = 0;
@@ -535,6 +536,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     }
     n->out_saved = tg_tensor_retain(saved_out);
     tg__tape_charge(tape, n, tg__tensor_bytes(saved_out));
+    if (tape->nrecompute && !recompute) tg__checkpoint_adopt(tape, n, in);
     n->extra = kept;
     n->nextra = 0;
     for (int i = 0; i < nextra; i++) {

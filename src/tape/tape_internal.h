@@ -42,7 +42,8 @@ typedef struct tg_node {
     int32_t attrs;                       /* id in the attrs pool, -1: all zero */
     int32_t segment;                     /* innermost checkpoint segment's id, 0: none */
     int32_t label;                       /* index into tape->labels, -1: none */
-    int32_t chain;                       /* BALANCED: recompute nodes back to a kept value */
+    int16_t chain;                       /* BALANCED: recompute nodes back to a kept value */
+    uint16_t ckpt_users;                 /* saving node: recompute readers of its ckpt */
     uint8_t nin;
     uint8_t nextra;
     uint8_t backend;                     /* tg_backend */
@@ -287,6 +288,11 @@ TG_INTERNAL tg_status tg__tape_choose(struct tg_tape *tape, const tg_op *op, int
                                       const bool *tracked, tg_tensor *out, tg_tensor *const *extra,
                                       int nextra, bool *recompute, bool *checkpoints,
                                       size_t *none_add);
+/* Called for a saving node n once it has saved its inputs: a recompute
+ * producer whose output n saves, and whose backward reads only that
+ * output, keeps it too (free: n holds it) and is never re-run; the
+ * checkpoints it alone read are released (checkpoint.c). */
+TG_INTERNAL void tg__checkpoint_adopt(tg_tape *tape, tg_node *n, tg_tensor *const *in);
 /* Checkpoint placement for a new recompute node n (checkpoint.c): where
  * backward finds each input's value (in_val, or a checkpoint kept at the
  * producer), charged to the tape; sets n->chain. tg__tape_record calls it
