@@ -226,8 +226,12 @@ tg_status tg__tape_choose(tg_tape *tape, const tg_op *op, int nin, tg_tensor *co
             *none_add = none_segment_cost(tape, nin, in, tracked, true);
             return TG_OK;
         }
+        /* An op that saves nothing is re-run only where that keeps
+         * nothing either: else it would keep its inputs for no saving of
+         * its own (an add after a matmul, on the slack that
+         * tg__checkpoint_adopt leaves). */
         size_t remat = place_cost(tape, nin, in, tracked, true);
-        *recompute = tape->saved_bytes + remat <= tape->none_bytes + save;
+        *recompute = (save > 0 || remat == 0) && tape->saved_bytes + remat <= tape->none_bytes + save;
         *none_add = save;
         return TG_OK;
     }
