@@ -673,8 +673,8 @@ Test(checkpoint, binomial_sequential_holds_s_stage_outputs_for_at_most_r_reruns)
  * The relu then keeps that output too (tg__checkpoint_adopt) and the
  * checkpoint goes: the process holds what NONE holds, and backward re-runs
  * only the last relu, whose output nothing saves (the mean reads
- * nothing): NONE's peak and two activations. Before, it held 16 affine
- * outputs more and re-ran 16 relus. */
+ * nothing): NONE's peak and less than an activation. Before, it held 16
+ * affine outputs more and re-ran 16 relus. */
 static tg_tensor *affine_layer(void *ud, int l, tg_tensor *h)
 {
     tg_tensor **p = ud;
@@ -722,10 +722,12 @@ Test(checkpoint, balanced_relu_keeps_the_output_the_next_affine_saves)
     cr_expect_eq(remade[0], 0);
     cr_expect_eq(remade[1], 1, "balanced re-ran %lld forwards (the last relu expected)",
                  (long long)remade[1]);
-    /* The last relu: its checkpoint (the affine's output) and, at the top
-     * of backward, its re-run output beside the one the scope holds. */
+    /* The last relu: at the top of backward its re-run output beside the
+     * one the scope holds (its checkpoint, the affine's output, goes as
+     * soon as it has been re-run from it). Measured: 0.75 activations
+     * above NONE's peak. */
     size_t act = (size_t)LEAN_BATCH * LEAN_WIDTH * 8;
-    cr_expect_leq(peak[1], peak[0] + 2 * act, "balanced held %zu bytes, none %zu", peak[1],
+    cr_expect_leq(peak[1], peak[0] + act, "balanced held %zu bytes, none %zu", peak[1],
                   peak[0]);
     for (int k = 0; k < 2; k++) free(g[k]);
     for (int i = 0; i < 2 * LEAN_LAYERS; i++) tg_tensor_release(p[i]);

@@ -141,6 +141,26 @@ tg_status tg__sweep_input_args(sweep_state *s, const tg_node *n, unsigned which,
     return st;
 }
 
+/* A checkpoint at a saving producer p, read by a re-run outside segments
+ * (BALANCED's and BUDGET's recompute nodes; a segment's boundary is there
+ * to be read again, level by level): once every recompute reader of p up
+ * to the sweep's top has been re-run from it and no backward reads p's
+ * value, the checkpoint is released, not held until the sweep passes p (a
+ * relu re-run from a conv's output would otherwise hold both). Only where
+ * p keeps its inputs: should anything ask for the
+ * value again (a later backward from above this one's top, a pointwise
+ * region), p is re-run from them, the same forward on the same values. */
+static void ckpt_read(tg_tape *tape, int32_t p, sweep_use *u)
+{
+    tg_node *q = &tape->nodes[p];
+    if (q->recompute || ++u->reran < u->uses || u->bw_read || !tg__node_keeps_inputs(q)) return;
+    size_t b = tg__kept_bytes(q->ckpt);
+    tg_tensor_release(q->ckpt);
+    q->ckpt = NULL;
+    q->saved_bytes -= b;
+    tape->saved_bytes -= b;
+}
+
 tg_status tg__sweep_rematerialize(sweep_state *s, int64_t j)
 {
     tg_node *n = &s->tape->nodes[j];
@@ -159,12 +179,17 @@ tg_status tg__sweep_rematerialize(sweep_state *s, int64_t j)
      * needs them (this file's header). */
     for (int i = 0; i < n->nin && !s->hold; i++) {
         int32_t p = n->in_node[i];
-        if (p < 0 || !s->vals[p]) continue;
+        if (p < 0) continue;
         bool dup = false;
         for (int k = 0; k < i && !dup; k++) dup = n->in_node[k] == p;
+        if (dup) continue;
         sweep_use *u = &s->use[p];
-        if (dup || --u->left > 0) continue;
-        const tg_tape *tape = s->tape;
+        tg_tape *tape = s->tape;
+        if (!s->vals[p]) {
+            if (tape->nodes[p].ckpt && !n->segment) ckpt_read(tape, p, u);
+            continue;
+        }
+        if (--u->left > 0) continue;
         if (!u->bw_read || tg__seg_lca_depth(tape, tape->nodes[p].segment, s->ctx) < u->escape)
             tg__sweep_drop(s, p);
     }

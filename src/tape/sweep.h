@@ -23,12 +23,14 @@ typedef struct sweep_sink {
 
 /* What a sweep knows of a recompute value (recompute.c): how many nodes
  * read it (uses), how many of those have not been re-run since it was
- * last rematerialised (left), the depth of the shallowest segment its
+ * last rematerialised (left; reran: of a checkpoint's readers, how many
+ * have been re-run from it), the depth of the shallowest segment its
  * value leaves (escape: of the innermost segment holding it and each
  * reader) and whether a backward reads it (its node's, or a recompute
  * reader's that saves that input). */
 typedef struct sweep_use {
     int32_t uses, left, escape;
+    int32_t reran; /* readers re-run from a saving node's checkpoint */
     bool bw_read;
 } sweep_use;
 
