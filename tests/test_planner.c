@@ -145,7 +145,14 @@ typedef struct {
     tg_tensor *leaves[MAXLEAF];
     int nleaves;
     tg_status first_err; /* the first op that failed */
+    uint64_t nest;       /* nonzero: nested segments drawn from this generator */
 } graph;
+
+/* Set by the nested-segment test: gen_graph then opens and closes
+ * segments, up to 3 deep, at random op boundaries (from a generator of
+ * their own, so the ops and values are those of the run without them). */
+static bool nest_segments;
+static int nest_depth_seen; /* deepest nesting of the last graph made */
 
 static uint32_t draw(graph *g, uint32_t n)
 {
@@ -285,11 +292,29 @@ static tg_tensor *gen_graph(graph *g, uint64_t seed, tg_tape *tape)
         lo = (int)draw(g, (uint32_t)nops);
         hi = lo + 1 + (int)draw(g, (uint32_t)(nops - lo));
     }
+    if (nest_segments) {
+        g->nest = seed * 0xd1342543de82ef95ull + 7;
+        lo = hi = nops; /* drawn above all the same, so the ops do not change */
+    }
+    int depth = 0;
+    nest_depth_seen = 0;
     for (int k = 0; k < nops; k++) {
         if (k == lo) cr_assert_eq(tg_checkpoint_begin(tape), TG_OK);
+        for (int b = 0; g->nest && b < 2; b++) {
+            g->nest = g->nest * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t u = (uint32_t)(g->nest >> 33) % 8;
+            if (u < 2 && depth < 3) {
+                cr_assert_eq(tg_checkpoint_begin(tape), TG_OK);
+                if (++depth > nest_depth_seen) nest_depth_seen = depth;
+            } else if (u == 2 && depth > 0) {
+                cr_assert_eq(tg_checkpoint_end(tape), TG_OK);
+                depth--;
+            }
+        }
         gen_op(g);
         if (k == hi - 1 && lo < nops) cr_assert_eq(tg_checkpoint_end(tape), TG_OK);
     }
+    for (; depth > 0; depth--) cr_assert_eq(tg_checkpoint_end(tape), TG_OK);
     int last = -1, other = -1;
     for (int k = g->nv - 1; k >= 0; k--)
         if (g->v[k].tracked && g->v[k].t != x0) {
@@ -444,4 +469,46 @@ Test(planner, random_graphs_balanced_and_budget_never_keep_more_than_none, .time
     cr_assert_gt(refused, NGRAPHS / 4, "only %d runs under NONE's bytes were refused", refused);
     cr_assert_gt(fewer, NGRAPHS / 4, "BALANCED kept fewer bytes than NONE on only %d graphs",
                  fewer);
+}
+
+/* Nested segments (tg_checkpoint_begin/end up to 3 deep, opened and closed
+ * at random op boundaries) over the same random graphs: backward re-runs
+ * them level by level, dropping and re-making values (recompute.c), and
+ * must give the gradients of the graph without segments under NONE,
+ * bitwise, under every policy, first order and through a create_graph
+ * sweep; BALANCED and BUDGET (given NONE's bytes) keep no more than NONE
+ * with the same segments. */
+Test(planner, random_graphs_with_nested_segments_give_nones_gradients, .timeout = 120)
+{
+    enum { N = 1000 };
+    int nested = 0;
+    for (uint64_t seed = 1; seed <= N; seed++) {
+        bool second = seed % 4 == 0;
+        outcome plain, none, o;
+        nest_segments = false;
+        run(seed, TG_CHECKPOINT_NONE, 0, second, &plain);
+        cr_assert_eq(plain.st, TG_OK);
+        nest_segments = true;
+        run(seed, TG_CHECKPOINT_NONE, 0, second, &none);
+        nested += nest_depth_seen >= 2;
+        cr_assert_eq(none.st, TG_OK);
+        expect_same_grads(seed, "nested segments, none", &plain, &none);
+        run(seed, TG_CHECKPOINT_BALANCED, 0, second, &o);
+        cr_assert_eq(o.st, TG_OK);
+        cr_assert_leq(o.peak, none.saved, "graph %llu: BALANCED kept %zu bytes, NONE %zu",
+                      (unsigned long long)seed, o.peak, none.saved);
+        expect_same_grads(seed, "nested segments, balanced", &plain, &o);
+        free(o.grads);
+        run(seed, TG_CHECKPOINT_BUDGET, none.saved, second, &o);
+        cr_assert_eq(o.st, TG_OK, "graph %llu: BUDGET refused NONE's %zu bytes",
+                     (unsigned long long)seed, none.saved);
+        cr_assert_leq(o.peak, none.saved);
+        expect_same_grads(seed, "nested segments, budget", &plain, &o);
+        free(o.grads);
+        free(none.grads);
+        free(plain.grads);
+    }
+    nest_segments = false;
+    cr_log_info("%d of %d graphs nested segments 2 or 3 deep", nested, N);
+    cr_assert_gt(nested, N / 4, "only %d graphs nested segments", nested);
 }
