@@ -4,9 +4,12 @@
  * tape), then instructions that call a registered op (tg_op_call, any op
  * of the registry, on slots and attributes from the bytes) or one of the
  * named wrappers (transpose, reshape, concat, cast, to_device, ...), each
- * result going to a slot. At the end: backward from the sum of the last
- * tracked slot, with the tape reset and everything released. Every call
- * must return a result or a status; no tensor memory may be left. */
+ * result going to a slot, or that opens or closes a checkpoint segment
+ * (nested as the bytes say; the tape's policy, NONE, BALANCED or a small
+ * BUDGET, is drawn from the first byte). At the end: backward from the sum
+ * of the last tracked slot, with the tape reset and everything released.
+ * Every call must return a result or a status; no tensor memory may be
+ * left. */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdint.h>
@@ -91,9 +94,14 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
     bytes b = {data, size};
     size_t base = tg_mem_current_bytes();
-    tg_backend prev = tg_set_default_backend((tg_backend)(next(&b) & 1));
-    tg_tape *tape = tg_tape_new(NULL);
+    unsigned first = next(&b);
+    tg_backend prev = tg_set_default_backend((tg_backend)(first & 1));
+    static const tg_checkpoint_policy pol[4] = {TG_CHECKPOINT_NONE, TG_CHECKPOINT_NONE,
+                                                TG_CHECKPOINT_BALANCED, TG_CHECKPOINT_BUDGET};
+    tg_tape_opts to = {.policy = pol[(first >> 1) & 3], .budget_bytes = 64u << ((first >> 3) & 7)};
+    tg_tape *tape = tg_tape_new(&to);
     if (!tape) abort();
+    int depth = 0;
     tg_tensor *s[8] = {0};
     for (int i = 0; i < 3; i++) {
         s[i] = leaf(&b);
@@ -103,6 +111,15 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     for (int step = 0; step < 32 && b.n > 0; step++) {
         unsigned op = next(&b);
         tg_tensor *r;
+        if (op >= 248) { /* segments: begin (248-251) or end (252-255) */
+            tg_status st = op < 252 ? tg_checkpoint_begin(tape) : tg_checkpoint_end(tape);
+            FUZZ_CHECK(st == (op < 252 || depth > 0 ? TG_OK : TG_ERR_INVALID),
+                       "checkpoint %s at depth %d: status %d", op < 252 ? "begin" : "end", depth,
+                       (int)st);
+            depth += st ? 0 : op < 252 ? 1 : -1;
+            tg_error_clear();
+            continue;
+        }
         if (op < 200) {
             const tg_op *def = tg_op_at((int)(op % (unsigned)nops));
             tg_tensor *in[TG_OP_MAX_INPUTS];
