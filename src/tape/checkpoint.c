@@ -339,15 +339,40 @@ void tg__checkpoint_place(tg_tape *tape, tg_node *n, tg_tensor *const *in, const
  * (twice NONE's memory, 16 forwards re-run on deep) while the saved-bytes
  * count, which charges NONE for the shared tensor twice, read as NONE's.
  * The values backward reads are the same, so the gradients' bits are. */
+static bool adoptable(const tg_node *p, const tg_tensor *t)
+{
+    return p->recompute && !p->consumed && !p->out_saved && !p->ckpt && !p->remake_extra &&
+           p->op->saves == TG_SAVE_OUTPUT && t->storage->version == p->out_ver;
+}
+
 void tg__checkpoint_adopt(tg_tape *tape, tg_node *n, tg_tensor *const *in)
 {
     for (int i = 0; i < n->nin; i++) {
         if (!n->in_saved[i] || n->in_node[i] < 0 || n->in_saved[i] != in[i]) continue;
         tg_node *p = &tape->nodes[n->in_node[i]];
-        if (!p->recompute || p->consumed || p->out_saved || p->ckpt || p->remake_extra ||
-            p->op->saves != TG_SAVE_OUTPUT || in[i]->storage->version != p->out_ver)
-            continue;
-        p->out_saved = tg_tensor_retain(in[i]);
+        tg_tensor *keep = NULL;
+        if (adoptable(p, in[i])) {
+            keep = tg_tensor_retain(in[i]);
+        } else if (p->recompute && p->out_view && p->op->saves == 0 && !p->consumed &&
+                   p->in_node[0] >= 0 && in[i]->contiguous) {
+            /* Through a view (a flatten before a linear layer): the saved
+             * tensor shares the storage of the producer's input, so that
+             * producer keeps it as a view with its own shape. */
+            tg_node *q = &tape->nodes[p->in_node[0]];
+            const tg_spec *sp = tg__node_out_spec(tape, q);
+            if (!adoptable(q, in[i]) || sp->dtype != in[i]->dtype ||
+                tg__numel(sp->ndim, sp->shape) != in[i]->numel)
+                continue;
+            int64_t strides[TG_MAX_DIMS], st = 1;
+            for (int d = sp->ndim - 1; d >= 0; d--) {
+                strides[d] = st;
+                st *= sp->shape[d];
+            }
+            keep = tg__tensor_view(in[i], sp->ndim, sp->shape, strides, in[i]->offset);
+            p = q;
+        }
+        if (!keep) continue;
+        p->out_saved = keep;
         for (int k = 0; k < p->nin; k++) {
             if (p->in_node[k] < 0) continue;
             tg_node *q = &tape->nodes[p->in_node[k]];

@@ -521,6 +521,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     n->ckpt_users = 0;
     n->none_kept = !n->segment && (op->saves & TG_SAVE_OUTPUT);
     n->region_size = out->numel * (int64_t)tg__esize(out->dtype) >= TG_REGION_MIN_BYTES;
+    n->out_view = nin > 0 && in[0]->storage == out->storage;
     n->in_val_owned = 0;
     for (int i = 0; i < nin; i++) {
         n->in_slot[i] = slots[i];
@@ -536,7 +537,7 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     }
     n->out_saved = tg_tensor_retain(saved_out);
     tg__tape_charge(tape, n, tg__tensor_bytes(saved_out));
-    if (tape->nrecompute && !recompute) tg__checkpoint_adopt(tape, n, in);
+    if (tape->nrecompute && !recompute && !tg__backward_of) tg__checkpoint_adopt(tape, n, in);
     n->extra = kept;
     n->nextra = 0;
     for (int i = 0; i < nextra; i++) {

@@ -55,6 +55,7 @@ typedef struct tg_node {
     bool out_written;
     bool none_kept;                      /* NONE would keep its output (checkpoint.c) */
     bool region_size;                    /* output of TG_REGION_MIN_BYTES or more (region.c) */
+    bool out_view;                       /* output shares input 0's storage (a reshape) */
 } tg_node;
 
 /* The least output a pointwise region starts from: two of its blocks. */
