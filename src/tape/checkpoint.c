@@ -356,8 +356,16 @@ void tg__checkpoint_adopt(tg_tape *tape, tg_node *n, tg_tensor *const *in)
         } else if (p->recompute && p->out_view && p->op->saves == 0 && !p->consumed &&
                    p->in_node[0] >= 0 && in[i]->contiguous) {
             /* Through a view (a flatten before a linear layer): the saved
-             * tensor shares the storage of the producer's input, so that
-             * producer keeps it as a view with its own shape. */
+             * tensor is the view's output, which shares the storage of the
+             * view's input, so that input's producer keeps it as a view
+             * with its own shape (an in-place op also shares its input's
+             * storage, but its write bumps the version adoptable checks).
+             * This holds while the forward records, on the tensors ops
+             * return; a create_graph backward records on stand-ins that
+             * may be contiguous copies of a view's value (a transpose's,
+             * re-run for the sweep), not sharing anything, and adopting
+             * there gave wrong second-order gradients on a random graph:
+             * tg__tape_record adopts only outside backward. */
             tg_node *q = &tape->nodes[p->in_node[0]];
             const tg_spec *sp = tg__node_out_spec(tape, q);
             if (!adoptable(q, in[i]) || sp->dtype != in[i]->dtype ||

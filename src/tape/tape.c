@@ -537,6 +537,9 @@ tg_status tg__tape_record(tg_tape *tape, const tg_op *op, const tg_op_attrs *att
     }
     n->out_saved = tg_tensor_retain(saved_out);
     tg__tape_charge(tape, n, tg__tensor_bytes(saved_out));
+    /* Not while a create_graph backward records: its inputs stand for
+     * values it re-made or copied, which need not share the producer's
+     * storage (checkpoint.c). */
     if (tape->nrecompute && !recompute && !tg__backward_of) tg__checkpoint_adopt(tape, n, in);
     n->extra = kept;
     n->nextra = 0;
