@@ -531,27 +531,28 @@ static tg_tensor *lean_layer(void *ud, int l, tg_tensor *h)
  * re-ran, if not NULL). */
 static const int lean_nseg[5] = {1, 1, 0, -3, -1};
 
-static size_t lean_peak_ex(int mode, tg_tensor **p, tg_tensor *x, double *g, size_t ng,
-                           int64_t *recomputes)
+/* One step of the 16-stage stack under policy: fn's stages through
+ * tg_checkpoint_sequential with nsegments nseg, or (fn NULL) lean_layer
+ * op by op in the step's scope. */
+static size_t stages_peak(int policy, int nseg, tg_segment_fn fn, tg_tensor **p, tg_tensor *x,
+                          double *g, size_t ng, int64_t *recomputes)
 {
-    tg_tape *tape = tape_for(NONE, 0);
+    tg_tape *tape = tape_for(policy, 0);
     for (int i = 0; i < 2 * LEAN_LAYERS; i++) cr_assert_eq(tg_requires_grad(tape, p[i]), TG_OK);
     size_t before = tg_mem_current_bytes();
     tg_mem_reset_peak();
     tg_scope_begin();
     tg_tensor *h = x;
-    if (mode == 0)
+    if (!fn)
         for (int l = 0; l < LEAN_LAYERS; l++) h = lean_layer(p, l, h);
     else
-        h = tg_checkpoint_sequential(tape, LEAN_LAYERS, lean_nseg[mode], lean_layer, p, x);
+        h = tg_checkpoint_sequential(tape, LEAN_LAYERS, nseg, fn, p, x);
     cr_assert_not_null(h, "%s", tg_last_error_message());
     cr_assert_eq(tg_backward(tg_mean(h)), TG_OK, "%s", tg_last_error_message());
     tg_scope_end();
     size_t peak = tg_mem_peak_bytes() - before;
-    tg_tensor *ps[2 * LEAN_LAYERS];
-    memcpy(ps, p, sizeof ps);
     size_t n = 0;
-    double *gr = grads_of(2 * LEAN_LAYERS, ps, &n);
+    double *gr = grads_of(2 * LEAN_LAYERS, p, &n);
     cr_assert_eq(n, ng);
     memcpy(g, gr, n * sizeof *g);
     free(gr);
@@ -561,22 +562,34 @@ static size_t lean_peak_ex(int mode, tg_tensor **p, tg_tensor *x, double *g, siz
     return peak;
 }
 
+static size_t lean_peak_ex(int mode, tg_tensor **p, tg_tensor *x, double *g, size_t ng,
+                           int64_t *recomputes)
+{
+    return stages_peak(NONE, lean_nseg[mode], mode ? lean_layer : NULL, p, x, g, ng, recomputes);
+}
+
 static size_t lean_peak(int mode, tg_tensor **p, tg_tensor *x, double *g, size_t ng)
 {
     return lean_peak_ex(mode, p, x, g, ng, NULL);
 }
 
-Test(checkpoint, sequential_stages_release_their_intermediates_so_the_peak_follows_the_policy)
+/* The stack's weights (He-normal, f64) and a batch of data. */
+static void lean_params(tg_tensor **p, tg_tensor **x)
 {
     tg_rng rng;
     tg_rng_seed(&rng, 21);
-    tg_tensor *p[2 * LEAN_LAYERS];
     for (int l = 0; l < LEAN_LAYERS; l++) {
         p[2 * l] = tg_rand_normal(&rng, TG_F64, 2, SHAPE(LEAN_WIDTH, LEAN_WIDTH), 0,
                                   sqrt(2.0 / LEAN_WIDTH));
         p[2 * l + 1] = tg_rand_normal(&rng, TG_F64, 1, SHAPE(LEAN_WIDTH), 0, 0.01);
     }
-    tg_tensor *x = tg_rand_normal(&rng, TG_F64, 2, SHAPE(LEAN_BATCH, LEAN_WIDTH), 0, 1);
+    *x = tg_rand_normal(&rng, TG_F64, 2, SHAPE(LEAN_BATCH, LEAN_WIDTH), 0, 1);
+}
+
+Test(checkpoint, sequential_stages_release_their_intermediates_so_the_peak_follows_the_policy)
+{
+    tg_tensor *p[2 * LEAN_LAYERS], *x;
+    lean_params(p, &x);
     enum { NG = LEAN_LAYERS * (LEAN_WIDTH * LEAN_WIDTH + LEAN_WIDTH) };
     double *g[3];
     size_t peak[3];
@@ -609,18 +622,6 @@ Test(checkpoint, sequential_stages_release_their_intermediates_so_the_peak_follo
 /* Binomial checkpointing (nsegments -s) on the same 16-stage stack: the
  * stages as nested segments, so that backward holds at most s stage
  * outputs beside the stage it differentiates. */
-static void lean_params(tg_tensor **p, tg_tensor **x)
-{
-    tg_rng rng;
-    tg_rng_seed(&rng, 21);
-    for (int l = 0; l < LEAN_LAYERS; l++) {
-        p[2 * l] = tg_rand_normal(&rng, TG_F64, 2, SHAPE(LEAN_WIDTH, LEAN_WIDTH), 0,
-                                  sqrt(2.0 / LEAN_WIDTH));
-        p[2 * l + 1] = tg_rand_normal(&rng, TG_F64, 1, SHAPE(LEAN_WIDTH), 0, 0.01);
-    }
-    *x = tg_rand_normal(&rng, TG_F64, 2, SHAPE(LEAN_BATCH, LEAN_WIDTH), 0, 1);
-}
-
 Test(checkpoint, binomial_sequential_holds_s_stage_outputs_for_at_most_r_reruns)
 {
     tg_tensor *p[2 * LEAN_LAYERS], *x;
@@ -692,32 +693,6 @@ static tg_tensor *affine_layer_viewed(void *ud, int l, tg_tensor *h)
     return tg_relu(tg_affine(v, p[2 * l], p[2 * l + 1]));
 }
 
-static bool affine_viewed;
-
-static size_t affine_peak(int policy, tg_tensor **p, tg_tensor *x, double *g, size_t ng,
-                          int64_t *recomputes)
-{
-    tg_tape *tape = tape_for(policy, 0);
-    for (int i = 0; i < 2 * LEAN_LAYERS; i++) cr_assert_eq(tg_requires_grad(tape, p[i]), TG_OK);
-    size_t before = tg_mem_current_bytes();
-    tg_mem_reset_peak();
-    tg_scope_begin();
-    tg_tensor *h = tg_checkpoint_sequential(tape, LEAN_LAYERS, 1,
-                                            affine_viewed ? affine_layer_viewed : affine_layer, p, x);
-    cr_assert_not_null(h, "%s", tg_last_error_message());
-    cr_assert_eq(tg_backward(tg_mean(h)), TG_OK, "%s", tg_last_error_message());
-    tg_scope_end();
-    size_t peak = tg_mem_peak_bytes() - before;
-    size_t n = 0;
-    double *gr = grads_of(2 * LEAN_LAYERS, p, &n);
-    cr_assert_eq(n, ng);
-    memcpy(g, gr, n * sizeof *g);
-    free(gr);
-    *recomputes = tg_tape_recompute_count(tape);
-    tg_tape_free(tape);
-    return peak;
-}
-
 Test(checkpoint, balanced_relu_keeps_the_output_the_next_affine_saves)
 {
     tg_tensor *p[2 * LEAN_LAYERS], *x;
@@ -729,11 +704,10 @@ Test(checkpoint, balanced_relu_keeps_the_output_the_next_affine_saves)
     int64_t remade[4];
     const int pol[2] = {NONE, BALANCED};
     for (int k = 0; k < 4; k++) {
-        affine_viewed = k >= 2;
         g[k] = malloc(NG * sizeof *g[k]);
-        peak[k] = affine_peak(pol[k % 2], p, x, g[k], NG, &remade[k]);
+        peak[k] = stages_peak(pol[k % 2], 1, k >= 2 ? affine_layer_viewed : affine_layer, p, x,
+                              g[k], NG, &remade[k]);
     }
-    affine_viewed = false;
     for (int k = 1; k < 4; k++)
         cr_expect_eq(memcmp(g[0], g[k], NG * sizeof(double)), 0, "run %d changed the gradients",
                      k);
