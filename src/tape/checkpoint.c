@@ -123,7 +123,8 @@ static size_t place_cost(const tg_tape *tape, int nin, tg_tensor *const *in, con
         bool dup = false; /* a producer is charged once, by its first input */
         for (int k = 0; k < i && !dup; k++)
             dup = tracked[k] && !in[k]->is_leaf && in[k]->node == in[i]->node;
-        if (!dup && kept_at(tape, &tape->nodes[in[i]->node], tape->segment_id, checkpoints))
+        if (!dup && kept_at(tape, &tape->nodes[in[i]->node], tg__seg_root(tape, tape->segment_inner),
+                            checkpoints))
             b += tg__kept_bytes(in[i]);
     }
     return b;
@@ -148,7 +149,9 @@ static size_t none_segment_cost(tg_tape *tape, int nin, tg_tensor *const *in, co
         bool dup = false;
         for (int k = 0; k < i && !dup; k++)
             dup = tracked[k] && !in[k]->is_leaf && in[k]->node == in[i]->node;
-        if (dup || p->none_kept || tg__seg_root(tape, p->segment) == tape->segment_id) continue;
+        if (dup || p->none_kept ||
+            tg__seg_root(tape, p->segment) == tg__seg_root(tape, tape->segment_inner))
+            continue;
         b += tg__kept_bytes(in[i]);
         if (mark) p->none_kept = true;
     }
@@ -181,20 +184,23 @@ static size_t reclaimable(const tg_tape *tape, int nin, tg_tensor *const *in, co
     return b;
 }
 
+size_t tg__node_drop_ckpt(tg_tape *tape, tg_node *n)
+{
+    size_t b = tg__kept_bytes(n->ckpt);
+    tg_tensor_release(n->ckpt);
+    n->ckpt = NULL;
+    n->saved_bytes -= b;
+    tape->saved_bytes -= b;
+    return b;
+}
+
 /* Drops optional checkpoints, newest first, until need bytes are freed. */
 static void evict(tg_tape *tape, size_t need, int nin, tg_tensor *const *in, const bool *tracked)
 {
     size_t freed = 0;
-    for (int64_t i = tape->nnodes - 1; i >= 0 && freed < need; i--) {
-        if (!optional_ckpt(tape, i, nin, in, tracked)) continue;
-        tg_node *p = &tape->nodes[i];
-        size_t b = tg__kept_bytes(p->ckpt);
-        tg_tensor_release(p->ckpt);
-        p->ckpt = NULL;
-        p->saved_bytes -= b;
-        tape->saved_bytes -= b;
-        freed += b;
-    }
+    for (int64_t i = tape->nnodes - 1; i >= 0 && freed < need; i--)
+        if (optional_ckpt(tape, i, nin, in, tracked))
+            freed += tg__node_drop_ckpt(tape, &tape->nodes[i]);
 }
 
 typedef struct {
@@ -371,11 +377,8 @@ void tg__checkpoint_adopt(tg_tape *tape, tg_node *n, tg_tensor *const *in)
             if (!adoptable(q, in[i]) || sp->dtype != in[i]->dtype ||
                 tg__numel(sp->ndim, sp->shape) != in[i]->numel)
                 continue;
-            int64_t strides[TG_MAX_DIMS], st = 1;
-            for (int d = sp->ndim - 1; d >= 0; d--) {
-                strides[d] = st;
-                st *= sp->shape[d];
-            }
+            int64_t strides[TG_MAX_DIMS];
+            tg__contig_strides(sp->ndim, sp->shape, strides);
             keep = tg__tensor_view(in[i], sp->ndim, sp->shape, strides, in[i]->offset);
             p = q;
         }
@@ -385,12 +388,7 @@ void tg__checkpoint_adopt(tg_tape *tape, tg_node *n, tg_tensor *const *in)
             if (p->in_node[k] < 0) continue;
             tg_node *q = &tape->nodes[p->in_node[k]];
             if (q->recompute || !q->ckpt || q->ckpt_users == UINT16_MAX) continue;
-            if (--q->ckpt_users > 0) continue;
-            size_t b = tg__kept_bytes(q->ckpt);
-            tg_tensor_release(q->ckpt);
-            q->ckpt = NULL;
-            q->saved_bytes -= b;
-            tape->saved_bytes -= b;
+            if (--q->ckpt_users == 0) tg__node_drop_ckpt(tape, q);
         }
     }
 }
@@ -414,7 +412,7 @@ tg_status tg_checkpoint_begin(tg_tape *tape)
     int32_t id = ++tape->nsegments, parent = tape->segment_inner;
     tape->segs[id] = (tg__seg){parent, parent ? tape->segs[parent].root : id,
                                tape->segment_depth + 1};
-    if (tape->segment_depth++ == 0) tape->segment_id = id;
+    tape->segment_depth++;
     tape->segment_inner = id;
     return TG_OK;
 }
@@ -427,7 +425,7 @@ tg_status tg_checkpoint_end(tg_tape *tape)
     tg_status st;
     if (tg__replay_capturing(tape) && (st = tg__replay_mark(tape, false))) return st;
     tape->segment_inner = tape->segs[tape->segment_inner].parent;
-    if (--tape->segment_depth == 0) tape->segment_id = 0;
+    tape->segment_depth--;
     return TG_OK;
 }
 

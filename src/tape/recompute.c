@@ -36,6 +36,15 @@ static bool any_recompute(const tg_tape *tape, int64_t upto)
     return false;
 }
 
+/* Whether input i of n reads the same producer as an input before it
+ * (x * x): a reader counts once per producer. */
+static bool read_before(const tg_node *n, int i)
+{
+    for (int k = 0; k < i; k++)
+        if (n->in_node[k] == n->in_node[i]) return true;
+    return false;
+}
+
 /* Readers, escape depth and backward reads of every value up to top (see
  * sweep_use): only recompute nodes read their inputs' values from the
  * producers (a saving node keeps what its backward reads). */
@@ -54,9 +63,7 @@ static void uses_init(sweep_state *s, int64_t top)
             if (p < 0) continue;
             sweep_use *pu = &s->use[p];
             if (n->op->saves & TG_SAVE_INPUT(i)) pu->bw_read = true;
-            bool dup = false;
-            for (int k = 0; k < i && !dup; k++) dup = n->in_node[k] == p;
-            if (dup) continue;
+            if (read_before(n, i)) continue;
             pu->uses++;
             int32_t d = tg__seg_lca_depth(tape, nodes[p].segment, n->segment);
             if (d < pu->escape) pu->escape = d;
@@ -154,11 +161,7 @@ static void ckpt_read(tg_tape *tape, int32_t p, sweep_use *u)
 {
     tg_node *q = &tape->nodes[p];
     if (q->recompute || ++u->reran < u->uses || u->bw_read || !tg__node_keeps_inputs(q)) return;
-    size_t b = tg__kept_bytes(q->ckpt);
-    tg_tensor_release(q->ckpt);
-    q->ckpt = NULL;
-    q->saved_bytes -= b;
-    tape->saved_bytes -= b;
+    tg__node_drop_ckpt(tape, q);
 }
 
 tg_status tg__sweep_rematerialize(sweep_state *s, int64_t j)
@@ -179,10 +182,7 @@ tg_status tg__sweep_rematerialize(sweep_state *s, int64_t j)
      * needs them (this file's header). */
     for (int i = 0; i < n->nin && !s->hold; i++) {
         int32_t p = n->in_node[i];
-        if (p < 0) continue;
-        bool dup = false;
-        for (int k = 0; k < i && !dup; k++) dup = n->in_node[k] == p;
-        if (dup) continue;
+        if (p < 0 || read_before(n, i)) continue;
         sweep_use *u = &s->use[p];
         tg_tape *tape = s->tape;
         if (!s->vals[p]) {

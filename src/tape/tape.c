@@ -295,7 +295,6 @@ void tg__tape_reset_record(tg_tape *tape)
     tape->saved_peak = 0;
     tape->none_bytes = 0;
     tape->segment_depth = 0;
-    tape->segment_id = 0;
     tape->segment_inner = 0;
     tape->nsegments = 0;
     tape->recomputes = 0;

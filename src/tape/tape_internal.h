@@ -110,7 +110,6 @@ struct tg_tape {
     size_t saved_bytes, saved_peak;
     size_t none_bytes;     /* what NONE would keep for the ops recorded (checkpoint.c) */
     int segment_depth;     /* open tg_checkpoint_begin calls */
-    int32_t segment_id;    /* id of the open outermost segment, 0 if none */
     int32_t segment_inner; /* id of the open innermost segment, 0 if none */
     int32_t nsegments;     /* ids handed out since the last reset */
     /* Every segment opened since the last reset, by id (segs[0]: none):
@@ -289,6 +288,9 @@ TG_INTERNAL tg_status tg__tape_choose(struct tg_tape *tape, const tg_op *op, int
                                       const bool *tracked, tg_tensor *out, tg_tensor *const *extra,
                                       int nextra, bool *recompute, bool *checkpoints,
                                       size_t *none_add);
+/* Releases node n's checkpoint and takes its bytes off the node's and the
+ * tape's counts; returns them (checkpoint.c). */
+TG_INTERNAL size_t tg__node_drop_ckpt(tg_tape *tape, tg_node *n);
 /* Called for a saving node n once it has saved its inputs: a recompute
  * producer whose output n saves, and whose backward reads only that
  * output, keeps it too (free: n holds it) and is never re-run; the
