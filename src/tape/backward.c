@@ -24,8 +24,8 @@
 /* The sinks of n's leaf inputs whose gradient slot is empty (offered:
  * marked taken) or holds the sink already (added into in place), in
  * sinkv; NULL when there are none. */
-static TG_NOINLINE tg_tensor *const *node_sinks(sweep_state *s, const tg_node *n, tg_tensor **const *dst,
-                                    tg_tensor **sinkv)
+static TG_NOINLINE tg_tensor *const *node_sinks(sweep_state *s, const tg_node *n,
+                                                tg_tensor **const *dst, tg_tensor **sinkv)
 {
     bool any = false;
     for (int i = 0; i < n->nin; i++) {

@@ -113,7 +113,7 @@ struct tg_tape {
     int32_t segment_inner; /* id of the open innermost segment, 0 if none */
     int32_t nsegments;     /* ids handed out since the last reset */
     /* Every segment opened since the last reset, by id (segs[0]: none):
-     * nested ones too (tg__seg_root, tg__seg_lca; recompute.c). */
+     * nested ones too (tg__seg_root, tg__seg_lca_depth; recompute.c). */
     struct tg__seg *segs;
     int32_t capsegs;
     int64_t recomputes;    /* forwards re-run by backward, since the last reset */
