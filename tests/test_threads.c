@@ -65,6 +65,71 @@ Test(threads, split_kernels_match_one_thread_bitwise)
     tg_tensor_release(s);
 }
 
+/* A conv2d step at `threads`: its output, then the gradients of x and w
+ * (a tanh between keeps the gradient from being the same everywhere). */
+static float *conv_run(int threads, tg_tensor *x, tg_tensor *w, tg_tensor *b, int groups,
+                       size_t *n)
+{
+    cr_assert_eq(tg_set_num_threads(threads), TG_OK);
+    tg_tape *tape = tg_tape_new(NULL);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    cr_assert_eq(tg_requires_grad(tape, w), TG_OK);
+    tg_scope_begin();
+    tg_tensor *y = tg_conv2d(x, w, b, &(tg_conv2d_opts){.padding = {1, 0}, .groups = groups});
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(tg_sum(tg_tanh(y))), TG_OK, "%s", tg_last_error_message());
+    size_t ny = (size_t)tg_tensor_numel(y), nx = (size_t)tg_tensor_numel(x),
+           nw = (size_t)tg_tensor_numel(w);
+    *n = ny + nx + nw;
+    float *out = malloc(*n * sizeof *out);
+    cr_assert_eq(tg_tensor_copy_out(y, out, ny * sizeof *out), TG_OK);
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(x), out + ny, nx * sizeof *out), TG_OK);
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(w), out + ny + nx, nw * sizeof *out), TG_OK);
+    tg_scope_end();
+    tg_grad_zero(x);
+    tg_grad_zero(w);
+    tg_tape_free(tape);
+    return out;
+}
+
+/* conv2d's forward and its input gradient run ranges of images on the
+ * pool's threads when their per-image GEMMs are small (ops/conv.c): the
+ * bits of one thread, with groups too. 48 images of 4 x 28 x 26 (padded
+ * to 30 x 26), 8 filters of 3 x 3: per image GEMMs of 8 x 676 x 36
+ * (195K multiply-adds, small enough), 9.3M in all, so 4 parts. */
+Test(threads, conv2d_split_by_images_matches_one_thread_bitwise)
+{
+    int before = tg_num_threads();
+    tg_rng rng;
+    tg_rng_seed(&rng, 12);
+    tg_tensor *x = tg_rand_normal(&rng, TG_F32, 4, SHAPE(48, 4, 28, 26), 0, 1);
+    tg_tensor *b = tg_rand_normal(&rng, TG_F32, 1, SHAPE(8), 0, 0.1);
+    for (int groups = 1; groups <= 2; groups++) {
+        tg_tensor *w = tg_rand_normal(&rng, TG_F32, 4, SHAPE(8, 4 / groups, 3, 3), 0, 0.3);
+        size_t n1, n2, n4;
+        float *one = conv_run(1, x, w, b, groups, &n1);
+        uint64_t jobs = tg__pool_jobs();
+        float *two = conv_run(2, x, w, b, groups, &n2);
+        cr_assert_geq(tg__pool_jobs(), jobs + 2, "groups %d: forward and input gradient were "
+                      "not both split on 2 threads", groups);
+        jobs = tg__pool_jobs();
+        float *four = conv_run(4, x, w, b, groups, &n4);
+        cr_assert_geq(tg__pool_jobs(), jobs + 2, "groups %d: not split on 4 threads", groups);
+        cr_assert(n1 == n2 && n1 == n4);
+        cr_assert_eq(memcmp(one, two, n1 * sizeof(float)), 0, "groups %d: 2 threads differ",
+                     groups);
+        cr_assert_eq(memcmp(one, four, n1 * sizeof(float)), 0, "groups %d: 4 threads differ",
+                     groups);
+        free(one);
+        free(two);
+        free(four);
+        tg_tensor_release(w);
+    }
+    cr_assert_eq(tg_set_num_threads(before), TG_OK);
+    tg_tensor_release(x);
+    tg_tensor_release(b);
+}
+
 /* Resident set size in bytes (Linux). */
 static long rss_bytes(void)
 {
