@@ -224,11 +224,6 @@ TG_INTERNAL void tg__blas_set_threads(int n);
  * to run it on one thread; after it, end puts that count back. */
 TG_INTERNAL int tg__gemm_threads_begin(int64_t m, int64_t n, int64_t k);
 TG_INTERNAL void tg__gemm_threads_end(int threads);
-/* Whether an m x n x k GEMM of the kernel table runs on the calling thread
- * alone, touching no thread setting: OpenBLAS keeps GEMMs this small on
- * one thread by itself, so several threads may run such GEMMs at once,
- * each with the bits of one thread (cpu/matmul.c). */
-TG_INTERNAL bool tg__gemm_runs_alone(int64_t m, int64_t n, int64_t k);
 
 /* ---- conv (conv.c) ---------------------------------------------------------- */
 

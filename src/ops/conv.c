@@ -24,7 +24,6 @@
  * expand. */
 #include <string.h>
 
-#include "core/pool.h"
 #include "ops/helpers.h"
 
 /* Each op's backward calls the others. */
@@ -153,115 +152,6 @@ static tg_status conv_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *co
     return TG_OK;
 }
 
-/* The images of a batch are independent in conv2d's forward and in its
- * input gradient: each is an im2col (or col2im) and a GEMM per group into
- * its own slice of the output. When those GEMMs are small enough to run on
- * the calling thread alone (tg__gemm_runs_alone: no thread setting is
- * touched, so several threads may run them at once) and the batch is
- * worth it, ranges of images run on the elementwise pool's threads, each
- * with its own column scratch. Every image sees the same calls with the
- * same operands as on one thread, so the bits do not depend on the split.
- * The weight gradient sums over the images with beta = 1 in image order,
- * so it stays on one thread. */
-#define CONV_SPLIT_MACS ((double)(1 << 21))
-
-/* Parts for N images of `macs` multiply-adds in all whose GEMMs are m x n
- * x k: more than one only where each part gets at least an image and
- * CONV_SPLIT_MACS of work (about 0.15 ms here, against the tens of us a
- * sleeping worker takes to start). */
-static int image_parts(int64_t N, double macs, int64_t m, int64_t n, int64_t k)
-{
-    int parts = tg__pool_size();
-    if (parts <= 1 || N < 2 || !tg__gemm_runs_alone(m, n, k)) return 1;
-    if ((double)parts > macs / CONV_SPLIT_MACS) parts = (int)(macs / CONV_SPLIT_MACS);
-    if (parts > N) parts = (int)N;
-    return parts < 1 ? 1 : parts;
-}
-
-typedef struct conv_job {
-    conv_p p;
-    tg_conv2d_geom g;
-    int64_t N, C, O, Cg, Og, K, L, HW;
-    size_t es;
-    const tg_tensor *like; /* dtype and backend of the scratch */
-    const tg_tensor *b;    /* forward: the bias, or NULL */
-    char *xp, *wp, *yp;    /* forward: x, w, y; input gradient: gx, w, gy */
-    char *cp0;             /* part 0's column scratch */
-    void (*range)(struct conv_job *j, int64_t n0, int64_t n1, char *cp);
-    bool failed[TG_POOL_MAX_THREADS];
-} conv_job;
-
-static void fwd_images(conv_job *j, int64_t n0, int64_t n1, char *cp)
-{
-    const tg_tensor *like = j->like;
-    tg_fill_fn fill = TG_KERNEL(tg_fill_fn, TG_K_FILL, like);
-    tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, like);
-    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, like);
-    size_t es = j->es;
-    for (int64_t n = n0; n < n1; n++)
-        for (int64_t o = 0; o < j->O; o++)
-            fill(j->L, j->yp + (size_t)((n * j->O + o) * j->L) * es, value_at(j->b, o));
-    for (int64_t n = n0; n < n1 && j->K > 0; n++)
-        for (int64_t gi = 0; gi < j->p.G; gi++) {
-            char *src = j->xp + (size_t)((n * j->C + gi * j->Cg) * j->HW) * es;
-            if (cp) im2col(&j->g, src, cp);
-            gemm(false, false, j->Og, j->L, j->K, j->wp + (size_t)(gi * j->Og * j->K) * es, j->K,
-                 cp ? cp : src, j->L, 1.0, j->yp + (size_t)((n * j->O + gi * j->Og) * j->L) * es,
-                 j->L);
-        }
-}
-
-static void bwd_input_images(conv_job *j, int64_t n0, int64_t n1, char *cp)
-{
-    const tg_tensor *like = j->like;
-    tg_col2im_fn col2im = TG_KERNEL(tg_col2im_fn, TG_K_COL2IM, like);
-    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, like);
-    size_t es = j->es;
-    for (int64_t n = n0; n < n1 && j->Og > 0 && j->K > 0; n++)
-        for (int64_t gi = 0; gi < j->p.G; gi++) {
-            char *dst = j->xp + (size_t)((n * j->C + gi * j->Cg) * j->HW) * es;
-            /* dcol (K, L) = W_g^T (K, Og) . dY_ng (Og, L) */
-            gemm(true, false, j->K, j->L, j->Og, j->wp + (size_t)(gi * j->Og * j->K) * es, j->K,
-                 j->yp + (size_t)((n * j->O + gi * j->Og) * j->L) * es, j->L, 0.0,
-                 cp ? cp : dst, j->L);
-            if (cp) col2im(&j->g, cp, dst);
-        }
-}
-
-/* Part `part`: its range of images, part 0 with the caller's scratch and
- * the others with one of their own. */
-static void conv_part(void *ctx, int part, int nparts)
-{
-    conv_job *j = ctx;
-    int64_t n0 = j->N * part / nparts, n1 = j->N * (part + 1) / nparts;
-    bool failed = false;
-    tg_tensor *col = part ? col_scratch(&j->g, j->like, &failed) : NULL;
-    if (failed) {
-        j->failed[part] = true;
-        return;
-    }
-    j->range(j, n0, n1, part ? (col ? tg__tensor_ptr(col) : NULL) : j->cp0);
-    tg_tensor_release(col);
-}
-
-/* Runs j->range over the whole batch with scratch cp (NULL for a direct
- * conv), on this thread or split; macs and the GEMMs' m x n x k decide.
- * false if a part could not get its scratch (out of memory). */
-static bool run_images(conv_job *j, char *cp, double macs, int64_t m, int64_t n, int64_t k)
-{
-    int parts = image_parts(j->N, macs, m, n, k);
-    if (parts <= 1) {
-        j->range(j, 0, j->N, cp);
-        return true;
-    }
-    j->cp0 = cp;
-    memset(j->failed, 0, sizeof j->failed);
-    tg__pool_run(conv_part, j, parts);
-    for (int i = 0; i < parts; i++)
-        if (j->failed[i]) return false;
-    return true;
-}
-
 static tg_tensor *conv_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *x = in[0], *w = in[1], *b = in[2];
@@ -269,6 +159,7 @@ static tg_tensor *conv_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     int64_t N = x->shape[0], C = x->shape[1], O = w->shape[0], Cg = C / p.G, Og = O / p.G;
     tg_conv2d_geom g = geom_of(Cg, x->shape[2], x->shape[3], w->shape[2], w->shape[3], &p);
     int64_t K = Cg * g.KH * g.KW, L = g.OH * g.OW, HW = g.H * g.W;
+    size_t es = tg_dtype_size(x->dtype);
     bool failed;
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     tg_tensor *col = y ? col_scratch(&g, x, &failed) : NULL;
@@ -276,18 +167,21 @@ static tg_tensor *conv_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         tg_tensor_release(y);
         return NULL;
     }
-    conv_job j = {.p = p, .g = g, .N = N, .C = C, .O = O, .Cg = Cg, .Og = Og, .K = K, .L = L,
-                  .HW = HW, .es = tg_dtype_size(x->dtype), .like = x, .b = b,
-                  .xp = tg__tensor_ptr(x), .wp = tg__tensor_ptr(w), .yp = tg__tensor_ptr(y),
-                  .range = fwd_images};
-    bool ok = run_images(&j, col ? tg__tensor_ptr(col) : NULL, (double)N * p.G * Og * L * K, Og,
-                         L, K);
+    tg_fill_fn fill = TG_KERNEL(tg_fill_fn, TG_K_FILL, y);
+    tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, x);
+    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
+    char *xp = tg__tensor_ptr(x), *wp = tg__tensor_ptr(w), *yp = tg__tensor_ptr(y);
+    char *cp = col ? tg__tensor_ptr(col) : NULL;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < O; o++) fill(L, yp + (size_t)((n * O + o) * L) * es, value_at(b, o));
+    for (int64_t n = 0; n < N && K > 0; n++)
+        for (int64_t gi = 0; gi < p.G; gi++) {
+            char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
+            if (cp) im2col(&g, src, cp);
+            gemm(false, false, Og, L, K, wp + (size_t)(gi * Og * K) * es, K, cp ? cp : src, L, 1.0,
+                 yp + (size_t)((n * O + gi * Og) * L) * es, L);
+        }
     tg_tensor_release(col);
-    if (!ok) {
-        tg_tensor_release(y);
-        tg__err(TG_ERR_NOMEM, "out of memory for conv2d's column scratch");
-        return NULL;
-    }
     return y;
 }
 
@@ -323,6 +217,7 @@ static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     int64_t N = os->shape[0], C = os->shape[1], O = w->shape[0], Cg = C / p.G, Og = O / p.G;
     tg_conv2d_geom g = geom_of(Cg, os->shape[2], os->shape[3], w->shape[2], w->shape[3], &p);
     int64_t K = Cg * g.KH * g.KW, L = g.OH * g.OW, HW = g.H * g.W;
+    size_t es = tg_dtype_size(w->dtype);
     bool failed;
     tg_tensor *gx = tg_op_ctx_new_output(ctx);
     tg_tensor *dcol = gx ? col_scratch(&g, w, &failed) : NULL;
@@ -331,18 +226,19 @@ static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         return NULL;
     }
     TG_KERNEL(tg_fill_fn, TG_K_FILL, gx)(gx->numel, tg__tensor_ptr(gx), 0.0);
-    conv_job j = {.p = p, .g = g, .N = N, .C = C, .O = O, .Cg = Cg, .Og = Og, .K = K, .L = L,
-                  .HW = HW, .es = tg_dtype_size(w->dtype), .like = w,
-                  .xp = tg__tensor_ptr(gx), .wp = tg__tensor_ptr(w), .yp = tg__tensor_ptr(gy),
-                  .range = bwd_input_images};
-    bool ok = run_images(&j, dcol ? tg__tensor_ptr(dcol) : NULL, (double)N * p.G * Og * L * K, K,
-                         L, Og);
+    tg_col2im_fn col2im = TG_KERNEL(tg_col2im_fn, TG_K_COL2IM, w);
+    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, w);
+    char *wp = tg__tensor_ptr(w), *gp = tg__tensor_ptr(gy), *xp = tg__tensor_ptr(gx);
+    char *cp = dcol ? tg__tensor_ptr(dcol) : NULL;
+    for (int64_t n = 0; n < N && Og > 0 && K > 0; n++)
+        for (int64_t gi = 0; gi < p.G; gi++) {
+            char *dst = xp + (size_t)((n * C + gi * Cg) * HW) * es;
+            /* dcol (K, L) = W_g^T (K, Og) . dY_ng (Og, L) */
+            gemm(true, false, K, L, Og, wp + (size_t)(gi * Og * K) * es, K,
+                 gp + (size_t)((n * O + gi * Og) * L) * es, L, 0.0, cp ? cp : dst, L);
+            if (cp) col2im(&g, cp, dst);
+        }
     tg_tensor_release(dcol);
-    if (!ok) {
-        tg_tensor_release(gx);
-        tg__err(TG_ERR_NOMEM, "out of memory for conv2d's column scratch");
-        return NULL;
-    }
     return gx;
 }
 

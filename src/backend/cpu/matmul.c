@@ -36,11 +36,6 @@ static inline bool gemm_small(int64_t m, int64_t n, int64_t k)
     return mn <= GEMM_OWN_SINGLE_MNK && mn * (uint64_t)k <= GEMM_OWN_SINGLE_MNK;
 }
 
-bool tg__gemm_runs_alone(int64_t m, int64_t n, int64_t k)
-{
-    return gemm_small(m, n, k);
-}
-
 int tg__gemm_threads_begin(int64_t m, int64_t n, int64_t k)
 {
 #if TG_HAVE_OPENBLAS_THREADS
