@@ -5,6 +5,11 @@
  *   1w       tg_replicas_step with 1 worker, 1 thread
  *   1w+blas  1 worker, OpenBLAS and the pool at every cpu (tg_set_num_threads)
  *   Nw       N workers (2..--workers), one thread each
+ *   N apart  N independent trainers side by side (--workers of them), each
+ *            with its own copy of the model, tape and optimizer, training
+ *            on its shard of the batch with the plain loop: no sharing and
+ *            no reduce, so their throughput is what N cores give N shards
+ *            on this machine, the ceiling of N workers
  * Every step is zero_grad + forward + backward (+ reduce) + an SGD step
  * (fused into the reduce for the replicas: tg_replicas_opts.optim).
  * Ratios are medians of per-round ratios to 1w. Before timing, the N-worker
@@ -103,6 +108,32 @@ static int dp_model_new(dp_model *m, bool lstm, int64_t batch, char *err, size_t
     return 0;
 }
 
+/* One of the independent trainers of the `N apart` variant. Trainer 0
+ * runs on the timing thread; the others each on a thread of their own
+ * that lives as long as the trainers (so that, like a replica worker, it
+ * keeps its per-thread caches from one sample to the next). */
+typedef struct dp_trainer {
+    dp_model m;
+    tg_optim *opt;
+    tg_tape *tape;
+    tg_tensor *in[2]; /* its shard of the batch (views), in[1] NULL for the lstm */
+    int64_t rows;
+    tg_status st;
+    pthread_t thread;
+    bool started;
+    struct dp_apart *set;
+} dp_trainer;
+
+/* The handshake between the timing thread and the trainers' threads. */
+typedef struct dp_apart {
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t round;   /* bumped to start a sample */
+    long reps;        /* steps per trainer in this sample */
+    int pending;      /* trainers' threads still running this sample */
+    bool quit;
+} dp_apart;
+
 typedef struct dp_ctx {
     dp_model m;
     tg_optim *opt;
@@ -110,7 +141,10 @@ typedef struct dp_ctx {
     tg_replicas *rep[DP_MAX_VARIANTS]; /* by worker count */
     int nvar;
     int workers[DP_MAX_VARIANTS], threads[DP_MAX_VARIANTS];
-    bool plain[DP_MAX_VARIANTS];
+    bool plain[DP_MAX_VARIANTS], apart[DP_MAX_VARIANTS];
+    dp_trainer *tr; /* the `N apart` variant's trainers, ntr of them */
+    int ntr;
+    dp_apart apart_sync;
     double reduce_s[DP_MAX_VARIANTS], compute_s[DP_MAX_VARIANTS];
     long steps[DP_MAX_VARIANTS];
 } dp_ctx;
@@ -148,13 +182,133 @@ static tg_status dp_step(dp_ctx *c, int v)
     return st ? st : tg_optim_step(c->opt);
 }
 
+/* reps plain-loop steps of one independent trainer. */
+static void dp_trainer_steps(dp_trainer *t, long reps)
+{
+    t->st = TG_OK;
+    int n = t->in[1] ? 2 : 1;
+    for (long i = 0; i < reps && !t->st; i++) {
+        tg_optim_zero_grad(t->opt);
+        tg_scope_begin();
+        tg_replica_info info = {.workers = 1, .tape = t->tape, .rows = t->rows};
+        tg_tensor *loss = dp_loss(&t->m, &info, n, t->in);
+        t->st = loss ? tg_backward(loss) : tg_last_error();
+        tg_scope_end();
+        tg_tape_reset(t->tape);
+        if (!t->st) t->st = tg_optim_step(t->opt);
+    }
+}
+
+/* A trainer's thread: one sample per round, until quit. */
+static void *dp_trainer_main(void *arg)
+{
+    dp_trainer *t = arg;
+    dp_apart *a = t->set;
+    uint64_t seen = 0; /* the thread count is the sample's (dp_sample sets it: global) */
+    for (;;) {
+        pthread_mutex_lock(&a->mu);
+        while (!a->quit && a->round == seen) pthread_cond_wait(&a->go, &a->mu);
+        if (a->quit) {
+            pthread_mutex_unlock(&a->mu);
+            return NULL;
+        }
+        seen = a->round;
+        long reps = a->reps;
+        pthread_mutex_unlock(&a->mu);
+        dp_trainer_steps(t, reps);
+        pthread_mutex_lock(&a->mu);
+        if (--a->pending == 0) pthread_cond_signal(&a->done);
+        pthread_mutex_unlock(&a->mu);
+    }
+}
+
+/* The `N apart` variant: every trainer runs reps steps at once, trainer 0
+ * on this thread. */
+static int dp_sample_apart(dp_ctx *c, long reps)
+{
+    dp_apart *a = &c->apart_sync;
+    pthread_mutex_lock(&a->mu);
+    a->reps = reps;
+    a->pending = c->ntr - 1;
+    a->round++;
+    pthread_cond_broadcast(&a->go);
+    pthread_mutex_unlock(&a->mu);
+    dp_trainer_steps(&c->tr[0], reps);
+    pthread_mutex_lock(&a->mu);
+    while (a->pending > 0) pthread_cond_wait(&a->done, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+    for (int k = 0; k < c->ntr; k++)
+        if (c->tr[k].st) return -1;
+    return 0;
+}
+
 static int dp_sample(void *ctx, int v, long reps)
 {
     dp_ctx *c = ctx;
     if (tg_set_num_threads(c->threads[v])) return -1;
+    if (c->apart[v]) return dp_sample_apart(c, reps);
     for (long i = 0; i < reps; i++)
         if (dp_step(c, v)) return -1;
     return 0;
+}
+
+/* The trainers of the `N apart` variant: n copies of the model (the same
+ * seed, so the same parameters), each with the rows a worker of n would
+ * get, and the threads of trainers 1..n-1. */
+static int dp_trainers_new(dp_ctx *c, bool lstm, int n)
+{
+    dp_apart *a = &c->apart_sync;
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->go, NULL);
+    pthread_cond_init(&a->done, NULL);
+    c->tr = calloc((size_t)n, sizeof *c->tr);
+    if (!c->tr) return -1;
+    c->ntr = n;
+    char err[256];
+    for (int k = 0; k < n; k++) {
+        dp_trainer *t = &c->tr[k];
+        t->set = a;
+        if (dp_model_new(&t->m, lstm, c->m.batch, err, sizeof err)) return -1;
+        int64_t r0 = c->m.batch * k / n;
+        t->rows = c->m.batch * (k + 1) / n - r0;
+        t->opt = tg_optim_new(t->m.ps, &(tg_optim_opts){.kind = TG_OPTIM_SGD, .lr = 1e-6});
+        t->tape = tg_tape_new(NULL);
+        t->in[0] = tg_narrow(t->m.x, 0, r0, t->rows);
+        t->in[1] = t->m.y ? tg_narrow(t->m.y, 0, r0, t->rows) : NULL;
+        if (!t->opt || !t->tape || !t->in[0] || (t->m.y && !t->in[1]) ||
+            tg_params_requires_grad(t->m.ps, t->tape))
+            return -1;
+        if (k > 0) {
+            if (pthread_create(&t->thread, NULL, dp_trainer_main, t)) return -1;
+            t->started = true;
+        }
+    }
+    return 0;
+}
+
+static void dp_trainers_free(dp_ctx *c)
+{
+    if (!c->tr) return;
+    dp_apart *a = &c->apart_sync;
+    pthread_mutex_lock(&a->mu);
+    a->quit = true;
+    pthread_cond_broadcast(&a->go);
+    pthread_mutex_unlock(&a->mu);
+    for (int k = 0; k < c->ntr; k++) {
+        dp_trainer *t = &c->tr[k];
+        if (t->started) pthread_join(t->thread, NULL);
+        tg_tensor_release(t->in[0]);
+        tg_tensor_release(t->in[1]);
+        tg_tape_free(t->tape);
+        tg_optim_free(t->opt);
+        dp_model_free(&t->m);
+    }
+    free(c->tr);
+    c->tr = NULL;
+    c->ntr = 0;
+    pthread_mutex_destroy(&a->mu);
+    pthread_cond_destroy(&a->go);
+    pthread_cond_destroy(&a->done);
 }
 
 /* 1 worker with the calling thread (where a 1-worker step runs) pinned to
@@ -258,10 +412,14 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
     c.plain[c.nvar] = true, c.workers[c.nvar] = 1, c.threads[c.nvar++] = 1;
     c.workers[c.nvar] = 1, c.threads[c.nvar++] = 1;
     if (ncpu > 1) c.workers[c.nvar] = 1, c.threads[c.nvar++] = ncpu;
-    for (int w = 2; w <= max_workers && c.nvar < DP_MAX_VARIANTS; w++)
+    for (int w = 2; w <= max_workers && c.nvar < DP_MAX_VARIANTS - 1; w++)
         c.workers[c.nvar] = w, c.threads[c.nvar++] = 1;
+    if (max_workers > 1) {
+        c.apart[c.nvar] = true, c.workers[c.nvar] = max_workers, c.threads[c.nvar++] = 1;
+        ok = ok && !dp_trainers_new(&c, lstm, max_workers);
+    }
     for (int v = 0; v < c.nvar && ok; v++)
-        if (!c.plain[v])
+        if (!c.plain[v] && !c.apart[v])
             ok = (c.rep[v] = tg_replicas_new(c.m.ps, &(tg_replicas_opts){.workers = c.workers[v],
                                                                          .optim = c.opt}));
     if (!ok) {
@@ -274,6 +432,7 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
     float *g1 = dp_grad(&c, 1, &n);
     double worst = 0;
     for (int v = 2; v < c.nvar && g1; v++) {
+        if (c.apart[v]) continue;
         float *g = dp_grad(&c, v, &n2);
         if (!g || n2 != n) {
             free(g);
@@ -347,13 +506,16 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
         char what[32];
         if (c.plain[v])
             snprintf(what, sizeof what, "plain tape");
+        else if (c.apart[v])
+            snprintf(what, sizeof what, "%d apart, 1 thr", c.workers[v]);
         else
             snprintf(what, sizeof what, "%d worker%s, %d thr", c.workers[v],
                      c.workers[v] > 1 ? "s" : "", c.threads[v]);
         double red = c.steps[v] ? 100.0 * c.reduce_s[v] / (c.compute_s[v] + c.reduce_s[v]) : 0;
         printf("  %-20s %10.3f ms/step %10.0f samples/s %7.2fx", what, stat_of[v].median / 1e6,
                (double)c.m.batch / (stat_of[v].median / 1e9), ratio_of[v]);
-        if (!c.plain[v]) printf("   reduce+update %4.1f%%", red);
+        if (!c.plain[v] && !c.apart[v]) printf("   reduce+update %4.1f%%", red);
+        if (c.apart[v]) printf("   (the ceiling: no sharing, no reduce)");
         printf("%s\n", c.threads[v] > 1 ? "  (own rounds against 1 worker)" : "");
     }
     if (max_workers > 1) {
@@ -364,6 +526,7 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
 out:
     for (int v = 0; v < c.nvar; v++) free(t[v]);
     for (int v = 0; v < c.nvar; v++) tg_replicas_free(c.rep[v]);
+    dp_trainers_free(&c);
     tg_optim_free(c.opt);
     tg_tape_free(c.tape);
     dp_model_free(&c.m);
