@@ -384,3 +384,119 @@ Test(region, hessian_vector_products_sweep_the_recorded_backward_in_blocks)
     free(plain);
     cr_expect_eq(tg_mem_current_bytes(), mem0);
 }
+
+/* ---- random pointwise graphs: leaves x, y, z of n elements and a
+ * constant c, then k ops drawn from every kind of pointwise op the
+ * registry has built in (maps with one or two parameters, the linear
+ * maps, the four arithmetic ops, minimum and maximum, a broadcast scalar
+ * operand), each on values drawn from all made so far (fan-out, a value
+ * read by ops far apart, an input used twice as in x * x). The loss adds
+ * the sum of the last value times x to the mean of a random earlier one,
+ * so that a run can start with a gradient from outside it. Operands are kept in
+ * ranges where no op overflows: every result goes through tanh before it
+ * is reused where a map could blow it up. */
+static tg_tensor *random_op(tg_rng *rng, tg_tensor **v, int nv, tg_tensor *s)
+{
+    tg_tensor *a = v[tg_rng_next(rng) % (uint64_t)nv], *b = v[tg_rng_next(rng) % (uint64_t)nv];
+    tg_tensor *t = tg_tanh(a); /* in (-1, 1) */
+    switch (tg_rng_next(rng) % 22) {
+    case 0: return tg_add(a, b);
+    case 1: return tg_sub(a, b);
+    case 2: return tg_mul(a, b);
+    case 3: return tg_mul(a, a);
+    case 4: return tg_div(a, tg_add_scalar(tg_mul(b, b), 1.0));
+    case 5: return tg_maximum(a, b);
+    case 6: return tg_minimum(a, tg_mul(b, s));
+    case 7: return tg_neg(a);
+    case 8: return tg_add_scalar(a, -0.25);
+    case 9: return tg_mul_scalar(a, 1.5);
+    case 10: return tg_exp(t);
+    case 11: return tg_log(tg_add_scalar(tg_mul(t, t), 0.5));
+    case 12: return tg_sqrt(tg_add_scalar(tg_mul(a, a), 0.1));
+    case 13: return tg_sigmoid(a);
+    case 14: return tg_relu(a);
+    case 15: return tg_abs(a);
+    case 16: return tg_gelu(t);
+    case 17: return tg_silu(t);
+    case 18: return tg_sin(a);
+    case 19: return tg_leaky_relu(a, 0.1);
+    case 20: return tg_clamp(a, -0.5, 0.75);
+    default: return tg_softplus(t, 2.0, 20.0);
+    }
+}
+
+/* The gradients of x, y and z (3n values, caller frees) for graph `seed`
+ * on a tape with policy and plain_backward. */
+static double *random_graph_grads(uint64_t seed, tg_dtype dt, int64_t n,
+                                  tg_checkpoint_policy policy, bool plain)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 1000 + seed);
+    tg_tape *tape = tg_tape_new(&(tg_tape_opts){.policy = policy, .plain_backward = plain});
+    tg_tensor *leaf[3];
+    for (int i = 0; i < 3; i++) {
+        leaf[i] = tg_rand_uniform(&rng, dt, 1, SHAPE(n), -2.0, 2.0);
+        cr_assert_eq(tg_requires_grad(tape, leaf[i]), TG_OK);
+    }
+    tg_tensor *c = tg_rand_uniform(&rng, dt, 1, SHAPE(n), -1.0, 1.0);
+    tg_tensor *s = tg_full(dt, 0, NULL, 0.7);
+    tg_scope_begin();
+    tg_tensor *v[40] = {leaf[0], leaf[1], leaf[2], c};
+    int nv = 4, k = 8 + (int)(tg_rng_next(&rng) % 24);
+    for (int i = 0; i < k; i++) {
+        v[nv] = random_op(&rng, v, nv, s);
+        cr_assert_not_null(v[nv], "seed %llu: %s", (unsigned long long)seed,
+                           tg_last_error_message());
+        nv++;
+    }
+    tg_tensor *other = v[4 + tg_rng_next(&rng) % (uint64_t)(nv - 5)];
+    /* Times x: the loss always depends on a leaf. */
+    tg_tensor *loss = tg_add(tg_sum(tg_mul(v[nv - 1], leaf[0])), tg_mean(other));
+    cr_assert_eq(tg_backward(loss), TG_OK, "seed %llu: %s", (unsigned long long)seed,
+                 tg_last_error_message());
+    tg_scope_end();
+    double *g = calloc(3 * (size_t)n, sizeof *g);
+    for (int i = 0; i < 3; i++) {
+        tg_tensor *gi = tg_grad(leaf[i]);
+        if (!gi) continue; /* no path from the loss: zeros either way */
+        tg_scope_begin();
+        tg_tensor *g64 = tg_cast(gi, TG_F64);
+        cr_assert_eq(tg_tensor_copy_out(g64, g + (size_t)i * (size_t)n,
+                                        (size_t)n * sizeof *g),
+                     TG_OK);
+        tg_scope_end();
+    }
+    for (int i = 0; i < 3; i++) tg_tensor_release(leaf[i]);
+    tg_tensor_release(c);
+    tg_tensor_release(s);
+    tg_tape_free(tape);
+    return g;
+}
+
+/* 40 graphs, f32 and f64 alternately, over 40000 elements (two 64 KiB
+ * blocks and a partial third in f32, four and a partial fifth in f64):
+ * the blocked sweep's gradients are the plain sweep's, bit for bit, under
+ * NONE and BALANCED. */
+Test(region, random_pointwise_graphs_give_the_plain_sweeps_gradients_bitwise)
+{
+    const int64_t n = 40000;
+    const tg_checkpoint_policy pol[2] = {TG_CHECKPOINT_NONE, TG_CHECKPOINT_BALANCED};
+    for (uint64_t seed = 0; seed < 40; seed++) {
+        tg_dtype dt = seed % 2 ? TG_F64 : TG_F32;
+        for (int p = 0; p < 2; p++) {
+            double *plain = random_graph_grads(seed, dt, n, pol[p], true);
+            double *blocked = random_graph_grads(seed, dt, n, pol[p], false);
+            size_t bad = 0;
+            while (bad < 3 * (size_t)n && memcmp(&plain[bad], &blocked[bad], sizeof(double)) == 0)
+                bad++;
+            cr_expect_eq(bad, 3 * (size_t)n,
+                         "seed %llu (%s, policy %d): leaf %zu element %zu: %.17g (blocked) "
+                         "vs %.17g (plain)",
+                         (unsigned long long)seed, dt == TG_F64 ? "f64" : "f32", (int)pol[p],
+                         bad / (size_t)n, bad % (size_t)n, bad < 3 * (size_t)n ? blocked[bad] : 0,
+                         bad < 3 * (size_t)n ? plain[bad] : 0);
+            free(plain);
+            free(blocked);
+        }
+    }
+}
