@@ -417,6 +417,29 @@ static void expect_same_grads(uint64_t seed, const char *what, const outcome *wa
               "graph %llu, %s: gradients differ from NONE's", (unsigned long long)seed, what);
 }
 
+/* BALANCED, then BUDGET given NONE's bytes, on graph seed: each keeps no
+ * more than NONE (none) and gives want's gradients. BALANCED's peak. */
+static size_t balanced_and_budget_within_none(uint64_t seed, bool second, const outcome *none,
+                                              const outcome *want, const char *balanced,
+                                              const char *budget)
+{
+    outcome o;
+    run(seed, TG_CHECKPOINT_BALANCED, 0, second, &o);
+    cr_assert_eq(o.st, TG_OK);
+    cr_assert_leq(o.peak, none->saved, "graph %llu: BALANCED kept %zu bytes, NONE %zu",
+                  (unsigned long long)seed, o.peak, none->saved);
+    expect_same_grads(seed, balanced, want, &o);
+    free(o.grads);
+    size_t peak = o.peak;
+    run(seed, TG_CHECKPOINT_BUDGET, none->saved, second, &o);
+    cr_assert_eq(o.st, TG_OK, "graph %llu: BUDGET refused NONE's %zu bytes",
+                 (unsigned long long)seed, none->saved);
+    cr_assert_leq(o.peak, none->saved);
+    expect_same_grads(seed, budget, want, &o);
+    free(o.grads);
+    return peak;
+}
+
 enum { NGRAPHS = 1000 };
 
 Test(planner, random_graphs_balanced_and_budget_never_keep_more_than_none, .timeout = 120)
@@ -432,20 +455,8 @@ Test(planner, random_graphs_balanced_and_budget_never_keep_more_than_none, .time
         cr_assert_eq(none.peak, none.saved, "graph %llu: NONE's bytes fell",
                      (unsigned long long)seed);
 
-        run(seed, TG_CHECKPOINT_BALANCED, 0, second, &o);
-        cr_assert_eq(o.st, TG_OK);
-        cr_assert_leq(o.peak, none.saved, "graph %llu: BALANCED kept %zu bytes, NONE %zu",
-                      (unsigned long long)seed, o.peak, none.saved);
-        fewer += o.peak < none.saved;
-        expect_same_grads(seed, "balanced", &none, &o);
-        free(o.grads);
-
-        run(seed, TG_CHECKPOINT_BUDGET, none.saved, second, &o);
-        cr_assert_eq(o.st, TG_OK, "graph %llu: BUDGET refused NONE's %zu bytes",
-                     (unsigned long long)seed, none.saved);
-        cr_assert_leq(o.peak, none.saved);
-        expect_same_grads(seed, "budget = none", &none, &o);
-        free(o.grads);
+        fewer += balanced_and_budget_within_none(seed, second, &none, &none, "balanced",
+                                                 "budget = none") < none.saved;
 
         for (size_t k = 0; !second && k < sizeof below / sizeof *below; k++) {
             size_t budget = none.saved * (size_t)below[k] / 8;
@@ -484,7 +495,7 @@ Test(planner, random_graphs_with_nested_segments_give_nones_gradients, .timeout 
     int nested = 0;
     for (uint64_t seed = 1; seed <= N; seed++) {
         bool second = seed % 4 == 0;
-        outcome plain, none, o;
+        outcome plain, none;
         nest_segments = false;
         run(seed, TG_CHECKPOINT_NONE, 0, second, &plain);
         cr_assert_eq(plain.st, TG_OK);
@@ -493,18 +504,8 @@ Test(planner, random_graphs_with_nested_segments_give_nones_gradients, .timeout 
         nested += nest_depth_seen >= 2;
         cr_assert_eq(none.st, TG_OK);
         expect_same_grads(seed, "nested segments, none", &plain, &none);
-        run(seed, TG_CHECKPOINT_BALANCED, 0, second, &o);
-        cr_assert_eq(o.st, TG_OK);
-        cr_assert_leq(o.peak, none.saved, "graph %llu: BALANCED kept %zu bytes, NONE %zu",
-                      (unsigned long long)seed, o.peak, none.saved);
-        expect_same_grads(seed, "nested segments, balanced", &plain, &o);
-        free(o.grads);
-        run(seed, TG_CHECKPOINT_BUDGET, none.saved, second, &o);
-        cr_assert_eq(o.st, TG_OK, "graph %llu: BUDGET refused NONE's %zu bytes",
-                     (unsigned long long)seed, none.saved);
-        cr_assert_leq(o.peak, none.saved);
-        expect_same_grads(seed, "nested segments, budget", &plain, &o);
-        free(o.grads);
+        balanced_and_budget_within_none(seed, second, &none, &plain, "nested segments, balanced",
+                                        "nested segments, budget");
         free(none.grads);
         free(plain.grads);
     }
