@@ -156,30 +156,35 @@ static int dp_inputs(const dp_ctx *c, tg_tensor **in)
     return c->m.y ? 2 : 1;
 }
 
+/* One step of the plain loop: zero_grad, forward and backward on one tape,
+ * the SGD step. */
+static tg_status dp_plain_step(dp_model *m, tg_optim *opt, tg_tape *tape, int64_t rows, int n,
+                               tg_tensor *const *in)
+{
+    tg_optim_zero_grad(opt);
+    tg_scope_begin();
+    tg_replica_info info = {.workers = 1, .tape = tape, .rows = rows};
+    tg_tensor *loss = dp_loss(m, &info, n, in);
+    tg_status st = loss ? tg_backward(loss) : tg_last_error();
+    tg_scope_end();
+    tg_tape_reset(tape);
+    return st ? st : tg_optim_step(opt);
+}
+
 static tg_status dp_step(dp_ctx *c, int v)
 {
     tg_tensor *in[2];
     int n = dp_inputs(c, in);
+    if (c->plain[v]) return dp_plain_step(&c->m, c->opt, c->tape, c->m.batch, n, in);
     tg_optim_zero_grad(c->opt);
-    tg_status st;
-    if (c->plain[v]) {
-        tg_scope_begin();
-        tg_replica_info info = {.workers = 1, .tape = c->tape, .rows = c->m.batch};
-        tg_tensor *loss = dp_loss(&c->m, &info, n, in);
-        st = loss ? tg_backward(loss) : tg_last_error();
-        tg_scope_end();
-        tg_tape_reset(c->tape);
-    } else {
-        /* The optimizer's update is fused into the replicas' reduce. */
-        st = tg_replicas_step(c->rep[v], n, in, dp_loss, &c->m, NULL);
-        double comp, red;
-        tg_replicas_last_timing(c->rep[v], &comp, &red);
-        c->compute_s[v] += comp;
-        c->reduce_s[v] += red;
-        c->steps[v]++;
-        return st;
-    }
-    return st ? st : tg_optim_step(c->opt);
+    /* The optimizer's update is fused into the replicas' reduce. */
+    tg_status st = tg_replicas_step(c->rep[v], n, in, dp_loss, &c->m, NULL);
+    double comp, red;
+    tg_replicas_last_timing(c->rep[v], &comp, &red);
+    c->compute_s[v] += comp;
+    c->reduce_s[v] += red;
+    c->steps[v]++;
+    return st;
 }
 
 /* reps plain-loop steps of one independent trainer. */
@@ -187,16 +192,8 @@ static void dp_trainer_steps(dp_trainer *t, long reps)
 {
     t->st = TG_OK;
     int n = t->in[1] ? 2 : 1;
-    for (long i = 0; i < reps && !t->st; i++) {
-        tg_optim_zero_grad(t->opt);
-        tg_scope_begin();
-        tg_replica_info info = {.workers = 1, .tape = t->tape, .rows = t->rows};
-        tg_tensor *loss = dp_loss(&t->m, &info, n, t->in);
-        t->st = loss ? tg_backward(loss) : tg_last_error();
-        tg_scope_end();
-        tg_tape_reset(t->tape);
-        if (!t->st) t->st = tg_optim_step(t->opt);
-    }
+    for (long i = 0; i < reps && !t->st; i++)
+        t->st = dp_plain_step(&t->m, t->opt, t->tape, t->rows, n, t->in);
 }
 
 /* A trainer's thread: one sample per round, until quit. */
