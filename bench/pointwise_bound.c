@@ -3,14 +3,15 @@
  * asks for at most 1.5x of it; tapegrad's eager ops take about 3x).
  *
  * Every variant computes sum(tanh(x*x + 1) * sigmoid(x)) over the
- * workload's 1M floats (the same seed and initialiser) and its gradient
+ * workload's own 1M floats (bench_wl_elementwise's setup) and its gradient
  * with tapegrad's own vector kernels, called directly from the kernel
  * table on one thread (no tape, no dispatch, no allocation in the timed
  * loop), so that only the order of the work differs:
  *
- *   fused       one pass in 2048-float chunks: the loss and the gradient
- *               s ((1 - t^2) 2x + t (1 - s)) in one loop (bench/wl_small.c's
- *               baseline), the loss summed in 64 float lanes;
+ *   fused       the workload's baseline (bench/wl_small.c, its gemm entry):
+ *               one pass in 2048-float chunks, the loss summed in 64 float
+ *               lanes and the gradient s ((1 - t^2) 2x + t (1 - s)) in one
+ *               loop;
  *   eager       each op a whole-tensor pass, as tapegrad's eager forward
  *               runs them (five 4 MB intermediates, the loss by sum_f32),
  *               then the blocked backward below;
@@ -39,8 +40,8 @@
 #include <time.h>
 
 #include "backend/kernels.h"
+#include "bench.h"
 #include "core/internal.h"
-#include "tapegrad.h"
 
 #define N (1 << 20)
 #define LANES 64
@@ -116,21 +117,11 @@ static void block_backward(int64_t n, const float *xp, const float *t, const flo
     add(n, g, g2, g);
 }
 
+static void *wl; /* the workload's state */
+
 static void run_fused(void)
 {
-    float a[2048], t[2048], s[2048];
-    double total = 0;
-    for (int64_t o = 0; o < N; o += 2048) {
-        const float *xp = x + o;
-        for (int i = 0; i < 2048; i++) a[i] = xp[i] * xp[i] + 1.0f;
-        k_tanh(2048, a, t, 0);
-        k_sigmoid(2048, xp, s, 0);
-        total += lane_sum(2048, t, s);
-        float *d = gx + o;
-        for (int i = 0; i < 2048; i++)
-            d[i] = s[i] * ((1.0f - t[i] * t[i]) * 2.0f * xp[i] + t[i] * (1.0f - s[i]));
-    }
-    sink = total;
+    bench_wl_elementwise.gemm(wl, true);
 }
 
 static void backward_saved(void)
@@ -261,7 +252,15 @@ int main(void)
     k_mul = (tg_binary_fn)tg__kernel(TG_K_MUL, TG_BACKEND_CPU, TG_F32);
     k_add = (tg_binary_fn)tg__kernel(TG_K_ADD, TG_BACKEND_CPU, TG_F32);
     k_sum = (tg_reduce_fn)tg__kernel(TG_K_REDUCE_SUM, TG_BACKEND_CPU, TG_F32);
-    float **bufs[] = {&x, &t_all, &s_all, &a_all, &b_all, &e_all, &gx};
+    char err[256];
+    wl = bench_wl_elementwise.setup(err, sizeof err);
+    tg_tensor *xt = wl ? tg_params_at(bench_wl_elementwise.params(wl), 0) : NULL;
+    if (!xt || tg_tensor_numel(xt) != N) {
+        fprintf(stderr, "bench_pointwise: %s\n", wl ? "the workload's x is not 1M floats" : err);
+        return 1;
+    }
+    x = tg_tensor_data(xt);
+    float **bufs[] = {&t_all, &s_all, &a_all, &b_all, &e_all, &gx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i] = malloc(N * sizeof(float));
         if (!*bufs[i]) {
@@ -270,16 +269,6 @@ int main(void)
         }
         memset(*bufs[i], 0, N * sizeof(float));
     }
-    /* The workload's x (bench/wl_small.c: seed 3, uniform in [-2, 2)): the
-     * kernels' speed depends on the values (their regime runs). */
-    tg_rng rng;
-    tg_rng_seed(&rng, 3);
-    tg_tensor *xt = tg_rand_uniform(&rng, TG_F32, 1, (const int64_t[]){N}, -2, 2);
-    if (!xt || tg_tensor_copy_out(xt, x, N * sizeof(float))) {
-        fprintf(stderr, "bench_pointwise: %s\n", tg_last_error_message());
-        return 1;
-    }
-    tg_tensor_release(xt);
     variant v[2 + 4 * NBLOCKS + 2];
     int nv = 0;
     v[nv++] = (variant){"fused", run_fused, 0, {0}};
@@ -322,5 +311,6 @@ int main(void)
         printf("  %-20s %8.3f ms  %5.2fx\n", label, m, m / fused);
     }
     printf("(blocked variants: floats a block; the two sums: the loss's sum alone)\n");
+    bench_wl_elementwise.teardown(wl);
     return sink == 12345.678 ? 1 : 0; /* keeps the results alive */
 }
