@@ -182,6 +182,26 @@ static void run_deferred_exact(void)
     backward_saved();
 }
 
+/* A deferred forward that writes every result (a, b, t, s and e: what a
+ * lazy engine writes when every handle may still be read), block by block,
+ * then the loss by sum_f32 over the whole e. */
+static void run_deferred_all(void)
+{
+    tg_reduce r = {.ndim = 1, .shape = {N}, .reduce = {true}};
+    float loss;
+    for (int64_t o = 0; o < N; o += block) {
+        int64_t n = N - o < block ? N - o : block;
+        mul(n, x + o, x + o, a_all + o);
+        k_add_scalar(n, a_all + o, b_all + o, 1.0);
+        k_tanh(n, b_all + o, t_all + o, 0);
+        k_sigmoid(n, x + o, s_all + o, 0);
+        mul(n, t_all + o, s_all + o, e_all + o);
+    }
+    k_sum(&r, e_all, &loss);
+    sink = loss;
+    backward_saved();
+}
+
 static void run_recompute(void)
 {
     float a[MAX_BLOCK], t[MAX_BLOCK], s[MAX_BLOCK];
@@ -269,13 +289,14 @@ int main(void)
         }
         memset(*bufs[i], 0, N * sizeof(float));
     }
-    variant v[2 + 4 * NBLOCKS + 2];
+    variant v[2 + 5 * NBLOCKS + 2];
     int nv = 0;
     v[nv++] = (variant){"fused", run_fused, 0, {0}};
     for (int b = 0; b < NBLOCKS; b++) {
         v[nv++] = (variant){"eager", run_eager, blocks[b], {0}};
         v[nv++] = (variant){"deferred", run_deferred, blocks[b], {0}};
         v[nv++] = (variant){"exact sum", run_deferred_exact, blocks[b], {0}};
+        v[nv++] = (variant){"all written", run_deferred_all, blocks[b], {0}};
         v[nv++] = (variant){"recompute", run_recompute, blocks[b], {0}};
     }
     v[nv++] = (variant){"sum_f32", run_sum_f32, 0, {0}};
