@@ -1333,3 +1333,133 @@ Test(backends, vector_math_chunks_give_each_element_the_same_bits)
     tg_set_default_backend(prev);
     tu_expect_no_leaks(mem0);
 }
+
+/* ---- f32 row sums: the exact pass (cpu/reduce.c) keeps the chain's bits.
+ *
+ * The cpu row sum adds element j into double accumulator j % 4 and returns
+ * (s0 + s1) + (s2 + s3). Long f32 rows first try a 16-lane pass that is
+ * only taken where it can show that no addition rounds. chain_sum is that
+ * order, written out here; the cases check the pass against it where it
+ * must take the row, where it must refuse it (data whose sum depends on
+ * the order: the lane order would give another answer), and through
+ * tg_sum and tg_sum_dims on the cpu backend. */
+#include "backend/kernels.h"
+
+static float chain_sum(const float *x, int64_t n)
+{
+    double s[4] = {0, 0, 0, 0};
+    int64_t body = n - n % 4;
+    for (int64_t j = 0; j < n; j++) s[j < body ? j % 4 : 0] += x[j];
+    return (float)((s[0] + s[1]) + (s[2] + s[3]));
+}
+
+static uint64_t sum_rng = 0x9e3779b97f4a7c15u;
+
+static double sum_unit(void) /* [0, 1) */
+{
+    sum_rng ^= sum_rng << 13, sum_rng ^= sum_rng >> 7, sum_rng ^= sum_rng << 17;
+    return (double)(sum_rng >> 11) * 0x1p-53;
+}
+
+static bool same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* tg_sum of x on the cpu backend, as a float. */
+static float cpu_sum(const float *x, int64_t n)
+{
+    tg_backend prev = tg_set_default_backend(TG_BACKEND_CPU);
+    tg_tensor *t = tg_tensor_from_data(TG_F32, 1, (int64_t[]){n}, x);
+    tg_tensor *s = t ? tg_sum(t) : NULL;
+    cr_assert(s, "%s", tg_last_error_message());
+    float v;
+    cr_assert_eq(tg_tensor_copy_out(s, &v, sizeof v), TG_OK);
+    tg_tensor_release(s);
+    tg_tensor_release(t);
+    tg_set_default_backend(prev);
+    return v;
+}
+
+Test(backends, f32_row_sums_take_the_exact_pass_only_where_it_keeps_the_chains_bits)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    enum { N = 300007 }; /* 73 chunks of 4096 and a partial one; not a multiple of 16 */
+    float *x = malloc(N * sizeof *x);
+    cr_assert(x);
+    double got;
+
+    /* Taken: values in [0.5, 2), any sign; and subnormals alone. */
+    for (int64_t j = 0; j < N; j++) x[j] = (float)((sum_unit() < 0.5 ? -1 : 1) * (0.5 + 1.5 * sum_unit()));
+    cr_assert(tg__row_sum_exact_f32(x, N, &got), "a row in [0.5, 2) is exact in any order");
+    cr_expect(same_bits((float)got, chain_sum(x, N)), "%.9g vs %.9g", got, chain_sum(x, N));
+    cr_expect(same_bits(cpu_sum(x, N), chain_sum(x, N)));
+    for (int64_t j = 0; j < N; j++) x[j] = (float)(sum_unit() * 0x1p-127);
+    cr_assert(tg__row_sum_exact_f32(x, N, &got), "subnormals are multiples of 2^-149");
+    cr_expect(same_bits((float)got, chain_sum(x, N)));
+
+    /* Zeros, negative ones included: +0, as the chain gives. */
+    for (int64_t j = 0; j < N; j++) x[j] = j % 3 ? -0.0f : 0.0f;
+    cr_assert(tg__row_sum_exact_f32(x, N, &got));
+    cr_expect(same_bits((float)got, 0.0f) && same_bits(chain_sum(x, N), 0.0f));
+
+    /* Refused: 2^60 at 0, 1 at 4, -2^60 at 16. The chain adds all three in
+     * s0 and loses the 1 (2^60 + 1 rounds to 2^60): 0. In 16 lanes 0 and
+     * 16 cancel and the 1 survives: 1. The pass must not answer. */
+    memset(x, 0, N * sizeof *x);
+    x[0] = 0x1p60f, x[4] = 1.0f, x[16] = -0x1p60f;
+    cr_assert_not(tg__row_sum_exact_f32(x, N, &got));
+    cr_expect(same_bits(chain_sum(x, N), 0.0f));
+    cr_expect(same_bits(cpu_sum(x, N), 0.0f), "tg_sum gave %.9g", (double)cpu_sum(x, N));
+    /* The same pattern in the last, partial chunk, after 73 chunks that
+     * pass: refused there. */
+    memset(x, 0, N * sizeof *x);
+    for (int64_t j = 0; j < N - 100; j++) x[j] = 1.0f;
+    x[N - 96] = 0x1p60f, x[N - 92] = 1.0f, x[N - 80] = -0x1p60f;
+    cr_assert_not(tg__row_sum_exact_f32(x, N, &got));
+    cr_expect(same_bits(cpu_sum(x, N), chain_sum(x, N)));
+    /* A range too wide for the row's length: 1 and 2^-40 (each alone is
+     * exact; together 2^-40 is below the accumulators' last bit). */
+    for (int64_t j = 0; j < N; j++) x[j] = j % 2 ? 1.0f : 0x1p-40f;
+    cr_assert_not(tg__row_sum_exact_f32(x, N, &got));
+    cr_expect(same_bits(cpu_sum(x, N), chain_sum(x, N)));
+
+    /* Infinities and NaN: refused; the chain's answer. */
+    for (int64_t j = 0; j < N; j++) x[j] = 1.0f;
+    x[N / 2] = INFINITY;
+    cr_assert_not(tg__row_sum_exact_f32(x, N, &got));
+    cr_expect(isinf(cpu_sum(x, N)) && cpu_sum(x, N) > 0);
+    x[N / 3] = NAN;
+    cr_assert_not(tg__row_sum_exact_f32(x, N, &got));
+    cr_expect(isnan(cpu_sum(x, N)));
+
+    /* Random rows whose range is near the bound for their length (max/min
+     * up to 2^(52 - 23 - log2 n)): taken or not, tg_sum_dims gives each
+     * row the chain's bits. */
+    enum { ROWS = 6, COLS = 20000 };
+    static float m[ROWS * COLS];
+    int taken = 0;
+    for (int r = 0; r < ROWS; r++) {
+        int span = 10 + 2 * r; /* exponents [0, span): max/min up to 2^(span + 1) */
+        for (int j = 0; j < COLS; j++)
+            m[r * COLS + j] = (float)((sum_unit() < 0.5 ? -1 : 1) * (1 + sum_unit()) *
+                                      ldexp(1.0, (int)(sum_unit() * span)));
+        taken += tg__row_sum_exact_f32(m + r * COLS, COLS, &got);
+    }
+    cr_expect(taken > 0 && taken < ROWS, "rows taken: %d of %d (expected some, not all)", taken,
+              ROWS);
+    tg_backend prev = tg_set_default_backend(TG_BACKEND_CPU);
+    tg_tensor *t = tg_tensor_from_data(TG_F32, 2, (int64_t[]){ROWS, COLS}, m);
+    tg_tensor *s = t ? tg_sum_dims(t, 1, (int[]){1}, false) : NULL;
+    cr_assert(s, "%s", tg_last_error_message());
+    float rows[ROWS];
+    cr_assert_eq(tg_tensor_copy_out(s, rows, sizeof rows), TG_OK);
+    for (int r = 0; r < ROWS; r++)
+        cr_expect(same_bits(rows[r], chain_sum(m + r * COLS, COLS)), "row %d: %.9g vs %.9g", r,
+                  (double)rows[r], (double)chain_sum(m + r * COLS, COLS));
+    tg_tensor_release(s);
+    tg_tensor_release(t);
+    tg_set_default_backend(prev);
+    free(x);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}

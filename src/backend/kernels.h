@@ -138,6 +138,12 @@ typedef struct tg_reduce {
     bool reduce[TG_MAX_DIMS];
 } tg_reduce;
 typedef void (*tg_reduce_fn)(const tg_reduce *r, const void *x, void *y);
+/* The cpu f32 row sum's fast pass (cpu/reduce.c): the sum of x[0..n) in
+ * *out and true when every order of adding the row in double is exact (so
+ * the result is bitwise the four-accumulator chain's); false, *out
+ * untouched, when that cannot be shown (the range of |x| too wide for n,
+ * an infinity or a NaN). Exposed for the tests. */
+TG_INTERNAL bool tg__row_sum_exact_f32(const float *x, int64_t n, double *out);
 
 /* Dim kernels see x as (outer, n, inner) and work along n (logsumexp and
  * the softmax family too). */

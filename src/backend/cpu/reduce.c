@@ -1,9 +1,11 @@
 /* cpu backend: sums over a prefix of dims (bias gradients, sum_to) or a
  * suffix (row sums) with unit-stride inner loops; other patterns fall back
  * to ref. Accumulators are double for both float types, like ref. */
-#include <string.h>
+#include "backend/cpu/loops.h" /* first: TG_CLONES for the exact row sum */
 
-#include "backend/kernels.h"
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 static tg_reduce_fn ref_sum[2];
 
@@ -29,6 +31,95 @@ static bool split(const tg_reduce *r, bool prefix, int64_t *outer, int64_t *inne
     return true;
 }
 
+/* ---- f32 row sums: the chain's bits, faster, where no addition rounds.
+ *
+ * A row sum adds element j into double accumulator j % 4 and returns
+ * (s0 + s1) + (s2 + s3): four chains of dependent adds, about one element
+ * a cycle. A float whose biased exponent is e is a whole multiple of
+ * 2^(max(e, 1) - 150), so with u that power for the smallest nonzero |x|
+ * of the row, every element is a multiple of u; if also n * max|x| is at
+ * most 2^52 u, every partial sum, whatever the order and grouping, is a
+ * multiple of u smaller than 2^53 u in magnitude: a double exactly, so no
+ * addition rounds and every order gives the exact sum, bitwise the
+ * chain's (signed zeros too: accumulators start at +0, and an exact zero
+ * from cancellation is +0 in round-to-nearest). This pass adds in 16
+ * independent lanes (vectorised) and tracks the smallest nonzero and the
+ * largest |x| by their bit patterns, chunk by chunk; the bound can only
+ * get worse as the row goes on, so it gives up at the first chunk after
+ * which it fails, or at an infinity or NaN, and the caller runs the
+ * chain. */
+#define EXACT_LANES 16
+#define EXACT_CHUNK 4096
+#define EXACT_MIN_ROW 1024 /* shorter rows: the chain is as fast */
+
+static bool exact_bound_holds(int64_t n, uint32_t min_bits, uint32_t max_bits)
+{
+    int e = (int)(min_bits >> 23);
+    float top;
+    memcpy(&top, &max_bits, sizeof top);
+    return (double)n * (double)top <= ldexp(1.0, (e > 1 ? e : 1) - 150 + 52);
+}
+
+TG_CLONES bool tg__row_sum_exact_f32(const float *x, int64_t n, double *out)
+{
+    double lane[EXACT_LANES] = {0};
+    uint32_t lo = UINT32_MAX, hi = 0; /* smallest nonzero |x| bits, minus 1; largest */
+    for (int64_t c = 0; c < n; c += EXACT_CHUNK) {
+        int64_t m = n - c < EXACT_CHUNK ? n - c : EXACT_CHUNK;
+        const float *xc = x + c;
+        uint32_t mn[EXACT_LANES], mx[EXACT_LANES];
+        for (int l = 0; l < EXACT_LANES; l++) mn[l] = UINT32_MAX, mx[l] = 0;
+        int64_t j = 0;
+        for (; j + EXACT_LANES <= m; j += EXACT_LANES)
+            for (int l = 0; l < EXACT_LANES; l++) {
+                uint32_t b;
+                memcpy(&b, xc + j + l, sizeof b);
+                b &= 0x7fffffffu;
+                lane[l] += (double)xc[j + l];
+                mn[l] = b - 1u < mn[l] ? b - 1u : mn[l]; /* a zero wraps to UINT32_MAX */
+                mx[l] = b > mx[l] ? b : mx[l];
+            }
+        for (; j < m; j++) {
+            uint32_t b;
+            memcpy(&b, xc + j, sizeof b);
+            b &= 0x7fffffffu;
+            lane[j % EXACT_LANES] += (double)xc[j];
+            mn[0] = b - 1u < mn[0] ? b - 1u : mn[0];
+            mx[0] = b > mx[0] ? b : mx[0];
+        }
+        for (int l = 0; l < EXACT_LANES; l++) {
+            lo = mn[l] < lo ? mn[l] : lo;
+            hi = mx[l] > hi ? mx[l] : hi;
+        }
+        if (hi >= 0x7f800000u) return false; /* an infinity or a NaN */
+        if (lo != UINT32_MAX && !exact_bound_holds(n, lo + 1u, hi)) return false;
+    }
+    for (int w = EXACT_LANES / 2; w > 0; w /= 2)
+        for (int l = 0; l < w; l++) lane[l] += lane[l + w];
+    *out = lane[0];
+    return true;
+}
+
+/* The chain's sum of one row (f32: the exact pass first where it is long). */
+#define ROW_SUM(T, IS_F32)                                                          \
+    do {                                                                            \
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0, exact;                               \
+        if (IS_F32 && inner >= EXACT_MIN_ROW &&                                     \
+            tg__row_sum_exact_f32((const float *)(const void *)xr, inner, &exact)) { \
+            y[o] = (T)exact;                                                        \
+            break;                                                                  \
+        }                                                                           \
+        int64_t j = 0;                                                              \
+        for (; j + 4 <= inner; j += 4) {                                            \
+            s0 += xr[j];                                                            \
+            s1 += xr[j + 1];                                                        \
+            s2 += xr[j + 2];                                                        \
+            s3 += xr[j + 3];                                                        \
+        }                                                                           \
+        for (; j < inner; j++) s0 += xr[j];                                         \
+        y[o] = (T)((s0 + s1) + (s2 + s3));                                          \
+    } while (0)
+
 #define DEF_SUM(SFX, T, DI)                                                         \
     static void sum_##SFX(const tg_reduce *r, const void *xv, void *yv)             \
     {                                                                               \
@@ -38,16 +129,7 @@ static bool split(const tg_reduce *r, bool prefix, int64_t *outer, int64_t *inne
         if (split(r, false, &outer, &inner)) { /* row sums */                       \
             for (int64_t o = 0; o < outer; o++) {                                   \
                 const T *xr = x + o * inner;                                        \
-                double s0 = 0, s1 = 0, s2 = 0, s3 = 0;                              \
-                int64_t j = 0;                                                      \
-                for (; j + 4 <= inner; j += 4) {                                    \
-                    s0 += xr[j];                                                    \
-                    s1 += xr[j + 1];                                                \
-                    s2 += xr[j + 2];                                                \
-                    s3 += xr[j + 3];                                                \
-                }                                                                   \
-                for (; j < inner; j++) s0 += xr[j];                                 \
-                y[o] = (T)((s0 + s1) + (s2 + s3));                                  \
+                ROW_SUM(T, DI == 0);                                                \
             }                                                                       \
             return;                                                                 \
         }                                                                           \
