@@ -18,9 +18,12 @@
  *   deferred    the forward evaluated block by block, as a deferred, fused
  *               forward would, writing only t and s, which the backward
  *               reads; the loss in 64 float lanes (not tapegrad's bits);
- *   exact sum   the same, the loss summed as sum_f32 sums it (four double
- *               accumulators carried from block to block: the loss's bits
- *               are tapegrad's);
+ *   exact sum   the same, the loss summed as sum_f32's chain sums it (four
+ *               double accumulators carried from block to block: the loss's
+ *               bits are tapegrad's);
+ *   all written the deferred forward writing every result (a, b, t, s, e),
+ *               as an engine that defers its eager ops must while any
+ *               handle may still be read, then sum_f32 over e;
  *   recompute   the deferred forward writing nothing; the backward
  *               recomputes t and s in each block.
  *
@@ -29,7 +32,8 @@
  * and sigmoid's fused gradient kernels, mul(x, x)'s two products and the
  * sums of the gradients that meet at x. The blocked variants run at 512,
  * 2048 and 16384 floats a block (16384: the regions' 64 KiB). `sum_f32`
- * and `sum, 64 lanes` time the loss's sum alone.
+ * (the kernel, which takes its exact 16-lane pass on these values: see
+ * backend/cpu/reduce.c) and `sum, 64 lanes` time the loss's sum alone.
  *
  * Prints the median of ROUNDS interleaved rounds (each the best of REPS
  * calls) and the ratio to the fused pass. Pin it for stable figures:
