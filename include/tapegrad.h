@@ -20,6 +20,7 @@ extern "C" {
 #include "tapegrad/tape.h"
 #include "tapegrad/registry.h"
 #include "tapegrad/ops.h"
+#include "tapegrad/fused.h"
 #include "tapegrad/nn.h"
 #include "tapegrad/gradcheck.h"
 #include "tapegrad/functional.h"

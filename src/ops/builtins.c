@@ -37,7 +37,9 @@
     X(layer_norm) X(layer_norm_backward) X(layer_norm_backward_weight)              \
     X(batch_norm) X(batch_norm_backward) X(batch_norm_backward_weight)              \
     /* random.c */                                                                  \
-    X(dropout)
+    X(dropout)                                                                      \
+    /* fused.c */                                                                   \
+    X(fused_pointwise_1) X(fused_pointwise_2) X(fused_pointwise_3)
 
 #define TG__DECLARE(name) extern const tg_op tg__op_##name;
 TG_BUILTIN_OPS(TG__DECLARE)

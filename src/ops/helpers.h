@@ -65,4 +65,18 @@ TG_INTERNAL tg_tensor *tg__sample_avoiding(tg_rng *rng, int ndim, const int64_t 
                                                double lo, double hi, int npts,
                                                const double *pts, double gap);
 
+/* A unary map as the fused pointwise interpreter (ops/fused.c) runs it:
+ * its kernel and fused gradient kernel (unary.c's tables), whether it
+ * takes a second parameter, whether the gradient kernel reads the output
+ * (else the input), and its fused gradient op (for a recorded backward).
+ * The linear maps (neg, add_scalar, mul_scalar) have gop NULL and gkid 0:
+ * their gradient is the map of the gradient (add_scalar: the gradient). */
+typedef struct tg__map_info {
+    const tg_op *op, *gop;
+    tg_kernel_id kid, gkid;
+    bool two, from_output;
+} tg__map_info;
+/* Fills *out with op's entry; false when op is no unary map. */
+TG_INTERNAL bool tg__map_info_of(const tg_op *op, tg__map_info *out);
+
 #endif

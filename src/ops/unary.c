@@ -431,6 +431,34 @@ LINEAR_MAP(neg, TG_K_NEG, "y = -x")
 LINEAR_MAP(add_scalar, TG_K_ADD_SCALAR, "y = x + s")
 LINEAR_MAP(mul_scalar, TG_K_MUL_SCALAR, "y = x * s")
 
+/* ---- the maps for the fused interpreter (helpers.h) */
+static const struct {
+    const tg_op *op, *gop;
+    const unary_def *def;
+} map_table[] = {
+#define MAP_ENTRY(lname, opname) {&tg__op_##opname, &tg__op_##lname##_backward, &lname##_def},
+    MAP_ENTRY(exp, exp) MAP_ENTRY(log, log) MAP_ENTRY(sqrt, sqrt) MAP_ENTRY(tanh, tanh)
+    MAP_ENTRY(sigmoid, sigmoid) MAP_ENTRY(relu, relu) MAP_ENTRY(pow, pow_scalar)
+    MAP_ENTRY(abs, abs) MAP_ENTRY(gelu, gelu) MAP_ENTRY(silu, silu)
+    MAP_ENTRY(leaky_relu, leaky_relu) MAP_ENTRY(clamp, clamp) MAP_ENTRY(softplus, softplus)
+    MAP_ENTRY(sin, sin) MAP_ENTRY(cos, cos)
+#undef MAP_ENTRY
+    {&tg__op_neg, NULL, &neg_def}, {&tg__op_add_scalar, NULL, &add_scalar_def},
+    {&tg__op_mul_scalar, NULL, &mul_scalar_def},
+};
+
+bool tg__map_info_of(const tg_op *op, tg__map_info *out)
+{
+    for (size_t i = 0; i < sizeof map_table / sizeof map_table[0]; i++)
+        if (map_table[i].op == op) {
+            const unary_def *d = map_table[i].def;
+            *out = (tg__map_info){.op = op, .gop = map_table[i].gop, .kid = d->kid,
+                                  .gkid = d->gkid, .two = d->two, .from_output = d->from_output};
+            return true;
+        }
+    return false;
+}
+
 /* ---- public wrappers */
 tg_tensor *tg_neg(tg_tensor *x) { return tg__call1(&tg__op_neg, x, NULL); }
 tg_tensor *tg_exp(tg_tensor *x) { return tg__call1(&tg__op_exp, x, NULL); }

@@ -1,0 +1,835 @@
+/* Fused pointwise functions (include/tapegrad/fused.h).
+ *
+ * tg_fused_new runs the user's function once on one-element inputs marked
+ * on a private tape and turns the record into a program: a list of steps,
+ * each a unary map (unary.c's kernels) or add, sub or mul, reading the
+ * inputs and earlier steps. The program lives in an i64 tensor that is the
+ * fused op's last input, so a node recording a call keeps it (the node
+ * saves its inputs): freeing the tg_fused never leaves a record pointing
+ * at nothing, and a program from anywhere else (tg_op_call) is checked
+ * word by word by the shape rule before anything runs it.
+ *
+ * Forward: the elements go in blocks of BLOCK, each step runs its kernel
+ * on the block with the intermediate values in per-step buffers that stay
+ * in cache, and only the last step writes to memory, into the output.
+ * Backward: per block, the steps run again and are then differentiated
+ * from the last to the first, as the sweep differentiates the ops one by
+ * one: the kernels each op's backward runs, on the same operands, and each
+ * value's gradient summed in the sweep's order (contributions from later
+ * steps first; a step's operands in order; the first one stored, the next
+ * added by the add kernel). So a call gives the unfused ops' output and,
+ * where its inputs' gradients come from it alone, their gradients, bit
+ * for bit. Large calls split their blocks across the pool's threads.
+ *
+ * Where backward must be recorded (create_graph, or an input or the
+ * gradient tracked), the same steps run as tg_* ops on whole tensors (the
+ * maps' fused gradient ops are differentiable), so calls differentiate to
+ * any order. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/parallel.h"
+#include "core/pool.h"
+#include "ops/helpers.h"
+#include "tape/tape_internal.h"
+
+#define BLOCK 4096
+#define PROG_MAGIC INT64_C(0x7467667573656431) /* "tgfused1" */
+#define HEAD 3                                  /* magic, inputs, steps */
+#define STEP 5                                  /* code, a, b, p bits, q bits */
+
+/* The ops a step may be, by code (the program's first word of a step). */
+extern const tg_op tg__op_exp, tg__op_log, tg__op_sqrt, tg__op_tanh, tg__op_sigmoid,
+    tg__op_relu, tg__op_pow_scalar, tg__op_abs, tg__op_gelu, tg__op_silu, tg__op_leaky_relu,
+    tg__op_clamp, tg__op_softplus, tg__op_sin, tg__op_cos, tg__op_neg, tg__op_add_scalar,
+    tg__op_mul_scalar, tg__op_add, tg__op_sub, tg__op_mul;
+static const tg_op *const step_ops[] = {
+    &tg__op_exp,   &tg__op_log,        &tg__op_sqrt,      &tg__op_tanh,       &tg__op_sigmoid,
+    &tg__op_relu,  &tg__op_pow_scalar, &tg__op_abs,       &tg__op_gelu,       &tg__op_silu,
+    &tg__op_leaky_relu, &tg__op_clamp, &tg__op_softplus,  &tg__op_sin,        &tg__op_cos,
+    &tg__op_neg,   &tg__op_add_scalar, &tg__op_mul_scalar, &tg__op_add,       &tg__op_sub,
+    &tg__op_mul,
+};
+#define NCODES ((int)(sizeof step_ops / sizeof step_ops[0]))
+#define FIRST_BINARY 18 /* add, sub, mul */
+
+/* One decoded step. Operand refs: 0..nin-1 the inputs, nin + j step j. */
+typedef struct step {
+    int code, a, b; /* b: -1 for a map */
+    double p, q;
+    tg__map_info map;   /* maps */
+    tg_kernel_id kid;   /* add, sub, mul */
+} step;
+
+typedef struct prog {
+    int nin, n;
+    step s[TG_FUSED_MAX_OPS];
+    /* The values the backward reads (a map's output or operand, a
+     * product's operands): kept, row krow[j] of the call's saved tensor. */
+    bool keep[TG_FUSED_MAX_OPS];
+    int krow[TG_FUSED_MAX_OPS], nkeep;
+} prog;
+
+static double f64_of(int64_t w)
+{
+    double d;
+    memcpy(&d, &w, sizeof d);
+    return d;
+}
+
+static int64_t bits_of(double d)
+{
+    int64_t w;
+    memcpy(&w, &d, sizeof w);
+    return w;
+}
+
+/* Decodes and checks the program words; on error records it for op and
+ * returns its status. */
+static tg_status decode(const tg_op *op, const tg_tensor *t, int nin, prog *pr)
+{
+    const char *bad = NULL;
+    const int64_t *w = t->dtype == TG_I64 && t->ndim == 1 && t->contiguous ? tg__tensor_ptr(t)
+                                                                             : NULL;
+    int64_t len = w ? t->numel : 0;
+    if (!w)
+        bad = "not a 1-d contiguous i64 tensor";
+    else if (len < HEAD || w[0] != PROG_MAGIC)
+        bad = "no fused program header";
+    else if (w[1] != nin)
+        bad = "compiled for another number of inputs";
+    else if (w[2] < 1 || w[2] > TG_FUSED_MAX_OPS || len != HEAD + STEP * w[2])
+        bad = "step count does not match its length";
+    for (int j = 0; !bad && j < (int)w[2]; j++) {
+        const int64_t *sw = w + HEAD + STEP * j;
+        step *s = &pr->s[j];
+        if (sw[0] < 0 || sw[0] >= NCODES) {
+            bad = "unknown step";
+            break;
+        }
+        s->code = (int)sw[0];
+        bool binary = s->code >= FIRST_BINARY;
+        if (sw[1] < 0 || sw[1] >= nin + j || (binary ? sw[2] < 0 || sw[2] >= nin + j : sw[2] != -1)) {
+            bad = "operand out of range";
+            break;
+        }
+        s->a = (int)sw[1];
+        s->b = (int)sw[2];
+        s->p = f64_of(sw[3]);
+        s->q = f64_of(sw[4]);
+        if (binary)
+            s->kid = s->code == FIRST_BINARY ? TG_K_ADD : s->code == FIRST_BINARY + 1 ? TG_K_SUB
+                                                                                     : TG_K_MUL;
+        else if (!tg__map_info_of(step_ops[s->code], &s->map))
+            bad = "unknown map";
+    }
+    if (bad)
+        return tg__err(TG_ERR_INVALID, "bad argument #%d to '%s' (not a fused program: %s)",
+                       nin + 1, op->name, bad);
+    pr->nin = nin;
+    pr->n = (int)w[2];
+    pr->nkeep = 0;
+    memset(pr->keep, 0, sizeof pr->keep);
+    for (int j = 0; j < pr->n; j++) {
+        const step *s = &pr->s[j];
+        if (s->b < 0 && s->map.gkid && s->map.from_output) pr->keep[j] = true;
+        if (s->b < 0 && s->map.gkid && !s->map.from_output && s->a >= nin)
+            pr->keep[s->a - nin] = true;
+        if (s->b >= 0 && s->kid == TG_K_MUL) {
+            if (s->a >= nin) pr->keep[s->a - nin] = true;
+            if (s->b >= nin) pr->keep[s->b - nin] = true;
+        }
+    }
+    for (int j = 0; j < pr->n; j++) pr->krow[j] = pr->keep[j] ? pr->nkeep++ : -1;
+    return TG_OK;
+}
+
+/* ---- shape rule: n float inputs of one dtype and shape, then the program */
+static tg_status fused_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
+                             tg_spec *out)
+{
+    (void)a;
+    int nin = op->arity - 1;
+    for (int i = 0; i < nin; i++) {
+        if (tg__need_float(op, i + 1, in[i]) || tg__need_same_dtype(op, in[0], in[i]))
+            return TG_ERR_DTYPE;
+        if (!tg__same_shape(in[0]->ndim, in[0]->shape, in[i]->ndim, in[i]->shape)) {
+            char s1[96], s2[96];
+            return tg__err(TG_ERR_SHAPE, "bad argument #%d to '%s' (shape %s, input 1 has %s; a "
+                                         "fused call does not broadcast)", i + 1, op->name,
+                           tg_shape_str(in[i]->ndim, in[i]->shape, s1, sizeof s1),
+                           tg_shape_str(in[0]->ndim, in[0]->shape, s2, sizeof s2));
+        }
+    }
+    prog pr;
+    tg_status st = decode(op, in[nin], nin, &pr);
+    if (st) return st;
+    tg__spec_of(in[0], out);
+    return TG_OK;
+}
+
+/* ---- the block engine */
+
+/* One call's buffers and operands. */
+typedef struct engine {
+    const prog *pr;
+    tg_backend be;
+    tg_dtype dt;
+    size_t es;
+    int64_t numel;
+    const char *in[TG_FUSED_MAX_INPUTS];
+    char *out;                          /* forward: the result */
+    char *saved;                        /* the kept values (prog.keep), NULL: none */
+    const char *gy;                     /* backward: the gradient (NULL: gy1 everywhere) */
+    double gy1;
+    char *gin[TG_FUSED_MAX_INPUTS];     /* backward: input gradients (NULL: not needed) */
+    char *scratch;                      /* per part: part_bytes */
+    size_t part_bytes;
+} engine;
+
+/* A part's blocks: forward, a value per step; backward, a gradient per
+ * step, the broadcast seed and a contribution. */
+static size_t part_bytes(const prog *pr, size_t es, bool backward)
+{
+    return (size_t)BLOCK * es * ((size_t)pr->n + (backward ? 2 : 0));
+}
+
+static void binary_block(tg_kernel_id kid, const engine *e, int64_t m, const void *a,
+                         const void *b, void *out)
+{
+    tg_bcast bc = {.ndim = 1, .n = m, .shape = {m}, .sa = {1}, .sb = {1}, .same = true};
+    ((tg_binary_fn)tg__kernel(kid, e->be, e->dt))(&bc, a, b, out);
+}
+
+static void map_block(const step *s, const engine *e, int64_t m, const void *x, void *y)
+{
+    if (s->map.two)
+        ((tg_unary2_fn)tg__kernel(s->map.kid, e->be, e->dt))(m, x, y, s->p, s->q);
+    else
+        ((tg_unary_fn)tg__kernel(s->map.kid, e->be, e->dt))(m, x, y, s->p);
+}
+
+/* Operand ref r of the block at element o: an input's slice, or where
+ * the block's value of the step is (vp). */
+static const char *operand(const engine *e, char *const *vp, int r, int64_t o)
+{
+    return r < e->pr->nin ? e->in[r] + (size_t)o * e->es : vp[r - e->pr->nin];
+}
+
+/* Step j's slice of the saved values at element o. */
+static char *kept(const engine *e, int j, int64_t o)
+{
+    return e->saved + ((size_t)e->pr->krow[j] * (size_t)e->numel + (size_t)o) * e->es;
+}
+
+/* Runs every step on the block [o, o + m), each into its buffer (val), or
+ * its saved slice when it is kept and e->saved is set, the last one into
+ * last when given (and its saved slice, if kept); vp gets where each
+ * value is. */
+static void forward_block(const engine *e, char *const *val, char **vp, int64_t o, int64_t m,
+                          char *last)
+{
+    const prog *pr = e->pr;
+    for (int j = 0; j < pr->n; j++) {
+        const step *s = &pr->s[j];
+        char *dst = j == pr->n - 1 && last ? last : e->saved && pr->keep[j] ? kept(e, j, o) : val[j];
+        const char *a = operand(e, vp, s->a, o);
+        if (s->b < 0)
+            map_block(s, e, m, a, dst);
+        else
+            binary_block(s->kid, e, m, a, operand(e, vp, s->b, o), dst);
+        vp[j] = dst;
+    }
+    if (last && e->saved && pr->keep[pr->n - 1])
+        memcpy(kept(e, pr->n - 1, o), last, (size_t)m * e->es);
+}
+
+/* Ref r's own gradient block (a step's buffer, or an input's slice of
+ * its gradient), NULL when no gradient goes there. */
+static char *own(const engine *e, char *const *grad, int r, int64_t o)
+{
+    if (r >= e->pr->nin) return grad[r - e->pr->nin];
+    return e->gin[r] ? e->gin[r] + (size_t)o * e->es : NULL;
+}
+
+/* A block's gradients: gp[r] is where ref r's gradient is, NULL while
+ * none has arrived; it may be another ref's block when a gradient was
+ * passed on unchanged (add, add_scalar: no copy). Every block a gp points
+ * at is complete: gradients flow from later steps to earlier ones. */
+typedef struct bgrad {
+    const engine *e;
+    char *const *grad;
+    char *tmp;
+    int64_t o, m;
+    const char *gp[TG_FUSED_MAX_INPUTS + TG_FUSED_MAX_OPS];
+} bgrad;
+
+/* Where a kernel should write ref r's next contribution: r's own block
+ * when it is the first (the sum is then done), else tmp; NULL: none
+ * needed. */
+static char *contrib_dst(const bgrad *bg, int r)
+{
+    char *dst = own(bg->e, bg->grad, r, bg->o);
+    return !dst ? NULL : bg->gp[r] ? bg->tmp : dst;
+}
+
+/* After a kernel wrote r's contribution where contrib_dst said: the first
+ * is r's gradient; a later one is added, gp + tmp by the add kernel into
+ * r's own block (the sweep's accumulation: what arrived first, plus the
+ * new one). */
+static void contrib_done(bgrad *bg, int r)
+{
+    char *dst = own(bg->e, bg->grad, r, bg->o);
+    if (!dst) return;
+    if (bg->gp[r]) binary_block(TG_K_ADD, bg->e, bg->m, bg->gp[r], bg->tmp, dst);
+    bg->gp[r] = dst;
+}
+
+/* A contribution that is an existing block c, passed on unchanged. */
+static void contrib_pass(bgrad *bg, int r, const char *c)
+{
+    char *dst = own(bg->e, bg->grad, r, bg->o);
+    if (!dst) return;
+    if (bg->gp[r]) {
+        binary_block(TG_K_ADD, bg->e, bg->m, bg->gp[r], c, dst);
+        bg->gp[r] = dst;
+    } else {
+        bg->gp[r] = c;
+    }
+}
+
+static void backward_block(const engine *e, char *const *grad, const char *gyb, char *tmp,
+                           int64_t o, int64_t m)
+{
+    const prog *pr = e->pr;
+    bgrad bg = {.e = e, .grad = grad, .tmp = tmp, .o = o, .m = m};
+    char *vp[TG_FUSED_MAX_OPS]; /* what the steps' gradients read was kept */
+    for (int j = 0; j < pr->n; j++) vp[j] = pr->keep[j] ? kept(e, j, o) : NULL;
+    /* The seed: the call's gradient, or one value broadcast (gyb). */
+    bg.gp[pr->nin + pr->n - 1] = e->gy ? e->gy + (size_t)o * e->es : gyb;
+    for (int j = pr->n - 1; j >= 0; j--) {
+        const step *s = &pr->s[j];
+        const char *g = bg.gp[pr->nin + j];
+        if (!g) continue;
+        const char *a = operand(e, vp, s->a, o);
+        char *dst;
+        if (s->b < 0 && s->map.gkid) { /* a map: gy * f'(s) */
+            const char *sv = s->map.from_output ? vp[j] : a;
+            if ((dst = contrib_dst(&bg, s->a))) {
+                if (s->map.two)
+                    ((tg_grad2_fn)tg__kernel(s->map.gkid, e->be, e->dt))(m, sv, g, dst, s->p,
+                                                                       s->q);
+                else
+                    ((tg_grad_fn)tg__kernel(s->map.gkid, e->be, e->dt))(m, sv, g, dst, s->p);
+                contrib_done(&bg, s->a);
+            }
+        } else if (s->b < 0) { /* neg, add_scalar, mul_scalar */
+            if (s->map.op == &tg__op_add_scalar) {
+                contrib_pass(&bg, s->a, g);
+            } else if ((dst = contrib_dst(&bg, s->a))) {
+                map_block(s, e, m, g, dst); /* -g, or g * s */
+                contrib_done(&bg, s->a);
+            }
+        } else if (s->kid == TG_K_MUL) {
+            const char *b = operand(e, vp, s->b, o);
+            if ((dst = contrib_dst(&bg, s->a))) {
+                binary_block(TG_K_MUL, e, m, g, b, dst);
+                contrib_done(&bg, s->a);
+            }
+            if ((dst = contrib_dst(&bg, s->b))) {
+                binary_block(TG_K_MUL, e, m, g, a, dst);
+                contrib_done(&bg, s->b);
+            }
+        } else { /* add, sub */
+            contrib_pass(&bg, s->a, g);
+            if (s->kid == TG_K_ADD) {
+                contrib_pass(&bg, s->b, g);
+            } else if ((dst = contrib_dst(&bg, s->b))) {
+                ((tg_unary_fn)tg__kernel(TG_K_NEG, e->be, e->dt))(m, g, dst, 0.0);
+                contrib_done(&bg, s->b);
+            }
+        }
+    }
+    /* Inputs: a gradient passed on unchanged is copied into place; one no
+     * step reached is zeros. */
+    for (int i = 0; i < pr->nin; i++) {
+        char *dst = own(e, grad, i, o);
+        if (!dst || bg.gp[i] == dst) continue;
+        if (bg.gp[i])
+            memcpy(dst, bg.gp[i], (size_t)m * e->es);
+        else
+            memset(dst, 0, (size_t)m * e->es);
+    }
+}
+
+/* Part `part` of `nparts` of the blocks, on one thread, with its own
+ * buffers (the pool may run fewer parts than were asked for, never more). */
+static void run_part(const engine *e, int part, int nparts, bool backward)
+{
+    const prog *pr = e->pr;
+    int64_t nblocks = (e->numel + BLOCK - 1) / BLOCK;
+    int64_t b0 = nblocks * part / nparts, b1 = nblocks * (part + 1) / nparts;
+    char *base = e->scratch + e->part_bytes * (size_t)part;
+    char *buf[TG_FUSED_MAX_OPS]; /* forward: the values; backward: the gradients */
+    size_t blk = (size_t)BLOCK * e->es;
+    for (int j = 0; j < pr->n; j++) buf[j] = base + blk * (size_t)j;
+    char *gyb = base + blk * (size_t)pr->n, *tmp = gyb + blk;
+    if (backward && !e->gy) /* the broadcast seed, once for the part */
+        ((tg_fill_fn)tg__kernel(TG_K_FILL, e->be, e->dt))(BLOCK, gyb, e->gy1);
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t o = b * BLOCK, m = e->numel - o < BLOCK ? e->numel - o : BLOCK;
+        if (backward) {
+            backward_block(e, buf, gyb, tmp, o, m);
+        } else {
+            char *vp[TG_FUSED_MAX_OPS];
+            forward_block(e, buf, vp, o, m, e->out + (size_t)o * e->es);
+        }
+    }
+}
+
+static void forward_part(void *ctx, int part, int nparts)
+{
+    run_part(ctx, part, nparts, false);
+}
+
+static void backward_part(void *ctx, int part, int nparts)
+{
+    run_part(ctx, part, nparts, true);
+}
+
+/* Runs the engine over every block, split across the pool where the
+ * tensors are large; false (error recorded) when its buffers cannot be
+ * had. */
+static bool run(engine *e, bool backward)
+{
+    if (e->numel == 0) return true;
+    int parts = tg__split_parts((size_t)e->numel * e->es);
+    int64_t nblocks = (e->numel + BLOCK - 1) / BLOCK;
+    if (parts > tg__pool_size()) parts = tg__pool_size();
+    if (parts > nblocks) parts = (int)nblocks;
+    e->part_bytes = part_bytes(e->pr, e->es, backward);
+    size_t total = e->part_bytes * (size_t)parts;
+    e->scratch = tg__data_alloc(total);
+    if (!e->scratch) {
+        tg__err(TG_ERR_NOMEM, "out of memory for a fused call's %zu bytes of blocks", total);
+        return false;
+    }
+    if (parts == 1)
+        run_part(e, 0, 1, backward);
+    else
+        tg__pool_run(backward ? backward_part : forward_part, e, parts);
+    tg__data_free(e->scratch, total);
+    return true;
+}
+
+static void engine_init(engine *e, const prog *pr, const tg_tensor *x0, tg_tensor *const *in)
+{
+    memset(e, 0, sizeof *e);
+    e->pr = pr;
+    e->be = x0->backend;
+    e->dt = x0->dtype;
+    e->es = tg__esize(x0->dtype);
+    e->numel = x0->numel;
+    for (int i = 0; i < pr->nin; i++) e->in[i] = tg__tensor_ptr(in[i]);
+}
+
+static tg_tensor *fused_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    int nin = ctx->op->arity - 1;
+    prog pr;
+    if (decode(ctx->op, in[nin], nin, &pr)) return NULL;
+    tg_tensor *y = tg_op_ctx_new_output(ctx);
+    if (!y) return NULL;
+    engine e;
+    engine_init(&e, &pr, in[0], in);
+    e.out = tg__tensor_ptr(y);
+    /* Recorded: keep the values the backward reads, as the ops would. */
+    tg_tensor *sv = NULL;
+    if (ctx->needs && pr.nkeep) {
+        int64_t shape[2] = {pr.nkeep, in[0]->numel};
+        sv = tg__tensor_empty(in[0]->dtype, 2, shape, in[0]->backend);
+        if (!sv) {
+            tg_tensor_release(y);
+            return NULL;
+        }
+        e.saved = tg__tensor_ptr(sv);
+    }
+    if (!run(&e, false)) {
+        tg_tensor_release(sv);
+        tg_tensor_release(y);
+        return NULL;
+    }
+    if (sv && tg_op_ctx_save(ctx, sv) < 0) {
+        tg_tensor_release(sv);
+        tg_tensor_release(y);
+        tg__err(TG_ERR_INTERNAL, "'%s' could not keep its values for backward", ctx->op->name);
+        return NULL;
+    }
+    tg_tensor_release(sv);
+    return y;
+}
+
+/* ---- backward as recorded tg_* ops (create_graph) */
+static tg_tensor *op_on(const step *s, tg_tensor *a, tg_tensor *b)
+{
+    tg_op_attrs at = {.scalar = s->p};
+    if (s->b >= 0) return tg__call2(step_ops[s->code], a, b, NULL);
+    if (s->map.two) {
+        at.nints = 1;
+        tg__attrs_put_f64(&at, 0, s->q);
+    }
+    return tg__call1(step_ops[s->code], a, &at);
+}
+
+/* *slot += c as the sweep would (c first, then recorded adds); false
+ * when c or the add failed (the error recorded). */
+static bool acc_on(tg_tensor **slot, tg_tensor *c)
+{
+    if (!c) return false;
+    *slot = *slot ? tg_add(*slot, c) : c;
+    return *slot != NULL;
+}
+
+static tg_status recorded_bwd(tg_op_ctx *ctx, const prog *pr, tg_tensor *const *in,
+                              tg_tensor *gout, tg_tensor **gin)
+{
+    tg_tensor *ref[TG_FUSED_MAX_INPUTS + TG_FUSED_MAX_OPS];
+    tg_tensor *g[TG_FUSED_MAX_INPUTS + TG_FUSED_MAX_OPS] = {NULL};
+    int nref = pr->nin + pr->n;
+    for (int i = 0; i < pr->nin; i++) ref[i] = in[i];
+    for (int j = 0; j < pr->n; j++) {
+        const step *s = &pr->s[j];
+        ref[pr->nin + j] = op_on(s, ref[s->a], s->b >= 0 ? ref[s->b] : NULL);
+        if (!ref[pr->nin + j]) return tg_last_error();
+    }
+    g[nref - 1] = gout;
+    for (int j = pr->n - 1; j >= 0; j--) {
+        const step *s = &pr->s[j];
+        tg_tensor *gj = g[pr->nin + j], *a = ref[s->a];
+        bool ok = true;
+        if (!gj) continue;
+        if (s->b < 0 && s->map.gkid) {
+            tg_op_attrs at = {.scalar = s->p};
+            if (s->map.two) {
+                at.nints = 1;
+                tg__attrs_put_f64(&at, 0, s->q);
+            }
+            ok = acc_on(&g[s->a], tg__call2(s->map.gop, s->map.from_output ? ref[pr->nin + j] : a,
+                                            gj, &at));
+        } else if (s->b < 0) {
+            ok = acc_on(&g[s->a], s->map.op == &tg__op_add_scalar ? gj : op_on(s, gj, NULL));
+        } else if (s->kid == TG_K_MUL) {
+            ok = acc_on(&g[s->a], tg_mul(gj, ref[s->b])) && acc_on(&g[s->b], tg_mul(gj, a));
+        } else {
+            ok = acc_on(&g[s->a], gj) && acc_on(&g[s->b], s->kid == TG_K_SUB ? tg_neg(gj) : gj);
+        }
+        if (!ok) return tg_last_error();
+    }
+    for (int i = 0; i < pr->nin; i++) {
+        if (!tg_op_ctx_needs_grad(ctx, i)) continue;
+        if (!g[i]) {
+            tg_spec sp;
+            tg__spec_of(in[i], &sp);
+            g[i] = tg__full(&sp, in[i]->backend, 0.0);
+        }
+        gin[i] = g[i];
+        if (!gin[i]) return tg_last_error();
+    }
+    return TG_OK;
+}
+
+static bool all_ones_bcast(const tg_tensor *g)
+{
+    for (int d = 0; d < g->ndim; d++)
+        if (g->strides[d] != 0 && g->shape[d] != 1) return false;
+    return true;
+}
+
+static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
+{
+    int nin = ctx->op->arity - 1;
+    tg_tensor *in[TG_FUSED_MAX_INPUTS + 1];
+    for (int i = 0; i <= nin; i++) in[i] = tg_op_ctx_input(ctx, i);
+    prog pr;
+    tg_status st = decode(ctx->op, in[nin], nin, &pr);
+    if (st) return st;
+    bool records = tg__records(gout);
+    for (int i = 0; i < nin; i++) records = records || tg__records(in[i]);
+    if (records) return recorded_bwd(ctx, &pr, in, gout, gin);
+    engine e;
+    engine_init(&e, &pr, in[0], in);
+    if (pr.nkeep) {
+        tg_tensor *sv = tg_op_ctx_saved(ctx, 0);
+        if (!sv || sv->numel != (int64_t)pr.nkeep * in[0]->numel || sv->dtype != in[0]->dtype)
+            return tg__err(TG_ERR_INTERNAL, "'%s': the values its forward kept are missing",
+                           ctx->op->name);
+        e.saved = tg__tensor_ptr(sv);
+    }
+    if (gout->contiguous) {
+        e.gy = tg__tensor_ptr(gout);
+    } else if (all_ones_bcast(gout)) {
+        const void *p = tg__tensor_ptr(gout); /* one value, broadcast */
+        e.gy1 = gout->dtype == TG_F32 ? *(const float *)p : *(const double *)p;
+    } else {
+        tg_tensor *c = tg_contiguous(gout);
+        if (!c) return tg_last_error();
+        e.gy = tg__tensor_ptr(c);
+    }
+    for (int i = 0; i < nin; i++) {
+        if (!tg_op_ctx_needs_grad(ctx, i)) continue;
+        gin[i] = tg_op_ctx_new_grad(ctx, i);
+        if (!gin[i]) return tg_last_error();
+        e.gin[i] = tg__tensor_ptr(gin[i]);
+    }
+    return run(&e, true) ? TG_OK : tg_last_error();
+}
+
+/* ---- compiling: fn on one-element inputs recorded on a private tape */
+struct tg_fused {
+    tg_tensor *prog[TG_BACKEND_COUNT]; /* the program, per backend it was called on */
+    int nin, nsteps;
+};
+
+/* The step code of op, -1 if a step cannot be it. */
+static int code_of(const tg_op *op)
+{
+    for (int c = 0; c < NCODES; c++)
+        if (step_ops[c] == op) return c;
+    return -1;
+}
+
+/* Turns the record of probe[0..n) -> out into program words (w, HEAD +
+ * STEP * TG_FUSED_MAX_OPS of them); the number of steps, or -1 with the
+ * error recorded. Only the nodes out depends on become steps. */
+static int compile_record(const tg_tape *tape, int n, tg_tensor *const *probe,
+                          const tg_tensor *out, int64_t *w)
+{
+    if (!out->tape || out->tape != tape || out->is_leaf) {
+        tg__err(TG_ERR_UNSUPPORTED, "bad argument #1 to 'fused_new' (the function returned %s, "
+                                    "not a value it computed from its inputs)",
+                out->is_leaf ? "one of its inputs" : "an untracked tensor");
+        return -1;
+    }
+    int64_t last = out->node;
+    bool *need = calloc((size_t)last + 1, sizeof *need);
+    int *step_of = malloc(((size_t)last + 1) * sizeof *step_of);
+    if (!need || !step_of) {
+        free(need);
+        free(step_of);
+        tg__err(TG_ERR_NOMEM, "out of memory compiling a fused function");
+        return -1;
+    }
+    need[last] = true;
+    for (int64_t j = last; j >= 0; j--) {
+        if (!need[j]) continue;
+        const tg_node *nd = &tape->nodes[j];
+        for (int i = 0; i < nd->nin; i++)
+            if (nd->in_node[i] >= 0) need[nd->in_node[i]] = true;
+    }
+    int nsteps = 0;
+    tg_status st = TG_OK;
+    for (int64_t j = 0; j <= last && !st; j++) {
+        if (!need[j]) continue;
+        const tg_node *nd = &tape->nodes[j];
+        int code = code_of(nd->op);
+        if (code < 0) {
+            st = tg__err(TG_ERR_UNSUPPORTED, "bad argument #1 to 'fused_new' (the function applies "
+                                             "'%s', which a fused function cannot run: it runs "
+                                             "the unary maps and add, sub and mul of two values "
+                                             "of the call's shape)", nd->op->name);
+            break;
+        }
+        if (nsteps == TG_FUSED_MAX_OPS) {
+            st = tg__err(TG_ERR_INVALID, "bad argument #1 to 'fused_new' (more than %d ops)",
+                         TG_FUSED_MAX_OPS);
+            break;
+        }
+        int64_t *sw = w + HEAD + STEP * nsteps;
+        const tg_op_attrs *at = tg__node_attrs(tape, nd);
+        sw[0] = code;
+        sw[2] = -1;
+        sw[3] = bits_of(at->scalar);
+        sw[4] = bits_of(at->nints > 0 ? tg__attrs_get_f64(at, 0) : 0.0);
+        for (int i = 0; i < nd->nin && !st; i++) {
+            int ref = -1;
+            if (nd->in_node[i] >= 0) {
+                ref = n + step_of[nd->in_node[i]];
+            } else {
+                for (int k = 0; k < n; k++)
+                    if (nd->in_slot[i] >= 0 && probe[k]->slot == nd->in_slot[i]) ref = k;
+            }
+            if (ref < 0)
+                st = tg__err(TG_ERR_UNSUPPORTED, "bad argument #1 to 'fused_new' ('%s' reads a "
+                                                 "tensor that is not one of the function's "
+                                                 "inputs; constants go in as the scalars of "
+                                                 "add_scalar and mul_scalar)", nd->op->name);
+            sw[1 + i] = ref;
+        }
+        step_of[j] = nsteps++;
+    }
+    free(need);
+    free(step_of);
+    if (st) return -1;
+    w[0] = PROG_MAGIC;
+    w[1] = n;
+    w[2] = nsteps;
+    return nsteps;
+}
+
+tg_fused *tg_fused_new(tg_fused_fn fn, void *userdata, int n)
+{
+    if (!fn) {
+        tg__err(TG_ERR_NULL, "bad argument #1 to 'fused_new' (NULL function)");
+        return NULL;
+    }
+    if (n < 1 || n > TG_FUSED_MAX_INPUTS) {
+        tg__err(TG_ERR_INVALID, "bad argument #3 to 'fused_new' (%d inputs; need 1..%d)", n,
+                TG_FUSED_MAX_INPUTS);
+        return NULL;
+    }
+    tg__registry_ready();
+    tg_fused *f = calloc(1, sizeof *f);
+    int64_t *w = malloc((HEAD + STEP * TG_FUSED_MAX_OPS) * sizeof *w);
+    tg_tape *tape = f && w ? tg_tape_new(NULL) : NULL;
+    if (!tape) {
+        free(f);
+        free(w);
+        if (!tg_last_error()) tg__err(TG_ERR_NOMEM, "out of memory for a fused function");
+        return NULL;
+    }
+    bool prev = tg_grad_set_enabled(true);
+    tg_error_clear();
+    tg_scope_begin();
+    tg_tensor *probe[TG_FUSED_MAX_INPUTS];
+    int nsteps = -1;
+    tg_status st = TG_OK;
+    for (int k = 0; k < n && !st; k++) {
+        probe[k] = tg_full(TG_F64, 1, (int64_t[]){1}, 0.5);
+        st = probe[k] ? tg_requires_grad(tape, probe[k]) : tg_last_error();
+    }
+    tg_tensor *out = st ? NULL : fn(userdata, n, probe);
+    if (!st && !out && !tg_last_error())
+        tg__err(TG_ERR_INVALID, "bad argument #1 to 'fused_new' (the function returned NULL "
+                                "without an error)");
+    if (out) nsteps = compile_record(tape, n, probe, out, w);
+    tg_scope_end();
+    tg_grad_set_enabled(prev);
+    tg_tape_free(tape);
+    int64_t len = HEAD + STEP * (int64_t)(nsteps > 0 ? nsteps : 0);
+    tg_tensor *prog = nsteps > 0 ? tg__tensor_empty(TG_I64, 1, &len, TG_BACKEND_CPU) : NULL;
+    if (nsteps > 0 && !prog) tg__err(TG_ERR_NOMEM, "out of memory for a fused program");
+    if (!prog) {
+        free(w);
+        free(f);
+        return NULL;
+    }
+    memcpy(tg__tensor_ptr(prog), w, (size_t)len * sizeof *w);
+    free(w);
+    f->prog[TG_BACKEND_CPU] = prog;
+    f->nin = n;
+    f->nsteps = nsteps;
+    return f;
+}
+
+/* f's program on backend be (a copy made once per backend). */
+static tg_tensor *prog_on(tg_fused *f, tg_backend be)
+{
+    if (!f->prog[be]) {
+        tg_tensor *c = tg__tensor_empty(TG_I64, 1, f->prog[TG_BACKEND_CPU]->shape, be);
+        if (!c) return NULL;
+        memcpy(tg__tensor_ptr(c), tg__tensor_ptr(f->prog[TG_BACKEND_CPU]),
+               (size_t)c->numel * sizeof(int64_t));
+        f->prog[be] = c;
+    }
+    return f->prog[be];
+}
+
+extern const tg_op tg__op_fused_pointwise_1, tg__op_fused_pointwise_2, tg__op_fused_pointwise_3;
+static const tg_op *const fused_ops[TG_FUSED_MAX_INPUTS] = {
+    &tg__op_fused_pointwise_1, &tg__op_fused_pointwise_2, &tg__op_fused_pointwise_3};
+
+tg_tensor *tg_fused_call(tg_fused *f, int n, tg_tensor *const *in)
+{
+    if (!f) {
+        tg__err_null("fused_call", 1);
+        return NULL;
+    }
+    if (n != f->nin) {
+        tg__err(TG_ERR_INVALID, "bad argument #2 to 'fused_call' (%d inputs; the function was "
+                                "compiled for %d)", n, f->nin);
+        return NULL;
+    }
+    if (!in) {
+        tg__err_null("fused_call", 3);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        if (!in[i]) {
+            tg__err_null("fused_call", 3);
+            return NULL;
+        }
+    tg_tensor *args[TG_FUSED_MAX_INPUTS + 1];
+    for (int i = 0; i < n; i++) args[i] = in[i];
+    args[n] = prog_on(f, in[0]->backend);
+    if (!args[n]) return NULL;
+    return tg_op_call(fused_ops[n - 1], n + 1, args, NULL);
+}
+
+int tg_fused_ops(const tg_fused *f)
+{
+    return f ? f->nsteps : 0;
+}
+
+void tg_fused_free(tg_fused *f)
+{
+    if (!f) return;
+    for (int b = 0; b < TG_BACKEND_COUNT; b++) tg_tensor_release(f->prog[b]);
+    free(f);
+}
+
+/* ---- gradcheck cases: one function per arity, on f64 inputs in [-1, 1) */
+static tg_tensor *sample_fn(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud;
+    tg_tensor *x = in[0];
+    if (n == 1) return tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0)), tg_sigmoid(x));
+    tg_tensor *y = in[1];
+    if (n == 2)
+        return tg_sub(tg_mul(tg_exp(tg_mul_scalar(x, -0.5)), y), tg_tanh(tg_add(x, tg_neg(y))));
+    return tg_add(tg_mul(tg_softplus(x, 1.5, 20.0), in[2]), tg_mul(tg_sin(y), y));
+}
+
+static int fused_sample(int nin, int k, tg_rng *rng, tg_tensor **in)
+{
+    static const struct { int nd; int64_t s[2]; } cases[] = {{1, {7}}, {2, {3, 4}}};
+    if (k >= 2) return 0;
+    for (int i = 0; i < nin; i++) {
+        in[i] = tg__sample_uniform(rng, cases[k].nd, cases[k].s, -1.0, 1.0);
+        if (!in[i]) return -1;
+    }
+    tg_fused *f = tg_fused_new(sample_fn, NULL, nin);
+    if (!f) return -1;
+    tg_tensor *p = prog_on(f, tg_default_backend());
+    in[nin] = p ? tg__scope_track(tg_tensor_retain(p)) : NULL;
+    tg_fused_free(f);
+    return in[nin] ? nin + 1 : -1;
+}
+
+#define FUSED_OP(N, math)                                                                 \
+    static int fused_sample_##N(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)       \
+    {                                                                                     \
+        (void)a;                                                                          \
+        return fused_sample(N, k, rng, in);                                               \
+    }                                                                                     \
+    const tg_op tg__op_fused_pointwise_##N = {                                            \
+        .name = "fused_pointwise_" #N,                                                    \
+        .doc = math ", f a chain of pointwise ops compiled by tg_fused_new (the last "    \
+               "input: its program)",                                                     \
+        .arity = N + 1, .shape = fused_shape, .forward = fused_fwd, .backward = fused_bwd, \
+        .cost = TG_COST_MEMORY_BOUND, .saves = (1u << (N + 1)) - 1, .sample = fused_sample_##N, \
+    };
+
+FUSED_OP(1, "y = f(x)")
+FUSED_OP(2, "y = f(x1, x2)")
+FUSED_OP(3, "y = f(x1, x2, x3)")

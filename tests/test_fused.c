@@ -1,0 +1,458 @@
+/* test_fused.c - fused pointwise functions (tg_fused_new, tg_fused_call).
+ *
+ * A fused call must give the output and the input gradients of running
+ * its function's ops one by one, bit for bit: the same kernels on the same
+ * operands, and each value's gradient summed in the sweep's order. The
+ * functions below use every kind of step (each unary map, the linear maps,
+ * add, sub, mul, a value squared, fan-out, an unused input, a kept last
+ * value); the sizes cover one block, a partial last block and several
+ * blocks split across two threads; the seeds are a sum's broadcast one
+ * and a random tensor. Then the errors, the checkpoint policies, second
+ * derivatives and the lifetime of the program. */
+#include <criterion/criterion.h>
+#include <tapegrad.h>
+
+#include "test_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the functions */
+static tg_tensor *f_chain(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *x = in[0];
+    return tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0)), tg_sigmoid(x));
+}
+
+/* Every map once, on values kept in their domains (log and sqrt of
+ * 1.5 + sigmoid, pow of exp). Ends with a kept value (tanh). */
+static tg_tensor *f_maps(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *x = in[0];
+    tg_tensor *pos = tg_add_scalar(tg_sigmoid(x), 1.5);
+    tg_tensor *a = tg_add(tg_log(pos), tg_sqrt(pos));
+    tg_tensor *b = tg_add(tg_pow_scalar(tg_exp(tg_mul_scalar(x, 0.5)), 1.5), tg_abs(x));
+    tg_tensor *c = tg_add(tg_gelu(x), tg_silu(tg_neg(x)));
+    tg_tensor *d = tg_add(tg_leaky_relu(x, 0.1), tg_clamp(x, -0.5, 0.7));
+    tg_tensor *e = tg_add(tg_softplus(x, 2.0, 1.0), tg_add(tg_sin(x), tg_cos(x)));
+    tg_tensor *s = tg_add(tg_add(a, b), tg_add(tg_add(c, d), tg_add(e, tg_relu(x))));
+    return tg_tanh(tg_mul_scalar(s, 0.25));
+}
+
+/* Two inputs: sub, products of both, fan-out of each. */
+static tg_tensor *f_two(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *a = in[0], *b = in[1];
+    tg_tensor *p = tg_mul(a, b);
+    return tg_sub(tg_mul(tg_exp(tg_mul_scalar(a, -0.5)), b), tg_tanh(tg_add(p, tg_neg(b))));
+}
+
+/* Three inputs, the second unused. */
+static tg_tensor *f_three(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    return tg_add(tg_mul(tg_softplus(in[0], 1.0, 20.0), in[2]), tg_sigmoid(in[2]));
+}
+
+typedef struct fcase {
+    const char *name;
+    tg_fused_fn fn;
+    int n;
+} fcase;
+
+static const fcase cases[] = {
+    {"chain", f_chain, 1}, {"maps", f_maps, 1}, {"two", f_two, 2}, {"three", f_three, 3}};
+
+static bool same_bits(const tg_tensor *a, const tg_tensor *b)
+{
+    size_t bytes = (size_t)tg_tensor_numel(a) * (tg_tensor_dtype(a) == TG_F32 ? 4 : 8);
+    if (tg_tensor_numel(a) != tg_tensor_numel(b) || tg_tensor_dtype(a) != tg_tensor_dtype(b))
+        return false;
+    char *x = malloc(bytes + 1), *y = malloc(bytes + 1);
+    cr_assert(x && y);
+    cr_assert_eq(tg_tensor_copy_out(a, x, bytes), TG_OK);
+    cr_assert_eq(tg_tensor_copy_out(b, y, bytes), TG_OK);
+    bool same = memcmp(x, y, bytes) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* Runs fc fused (fused) or op by op on copies of in, seeds backward with
+ * seed (NULL: the sum's), and returns the output and gradients (new
+ * references). */
+static void run_case(const fcase *fc, tg_fused *f, bool fused, tg_tensor *const *in,
+                     const tg_tensor *seed, const tg_tape_opts *opts, tg_tensor **out,
+                     tg_tensor **grads)
+{
+    tg_tape *tape = tg_tape_new(opts);
+    tg_tensor *x[3];
+    for (int i = 0; i < fc->n; i++) {
+        x[i] = tg_detach(in[i]);
+        cr_assert(x[i]);
+        x[i] = tg_contiguous(x[i]);
+        x[i] = tg_add_scalar(x[i], 0.0); /* a leaf of its own */
+        cr_assert_eq(tg_requires_grad(tape, x[i]), TG_OK, "%s", tg_last_error_message());
+    }
+    tg_scope_begin();
+    tg_tensor *y = fused ? tg_fused_call(f, fc->n, x) : fc->fn(NULL, fc->n, x);
+    cr_assert(y, "%s %s: %s", fc->name, fused ? "fused" : "ops", tg_last_error_message());
+    tg_status st = seed ? tg_backward_seed(y, seed) : tg_backward(tg_sum(y));
+    cr_assert_eq(st, TG_OK, "%s: %s", fc->name, tg_last_error_message());
+    *out = tg_tensor_retain(y);
+    for (int i = 0; i < fc->n; i++) grads[i] = tg_tensor_retain(tg_grad(x[i]));
+    tg_scope_end();
+    tg_tape_free(tape);
+}
+
+static void compare_case(const fcase *fc, tg_dtype dt, int ndim, const int64_t *shape,
+                         bool random_seed, int threads)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 42);
+    tg_scope_begin();
+    tg_tensor *in[3];
+    for (int i = 0; i < fc->n; i++) in[i] = tg_rand_uniform(&rng, dt, ndim, shape, -1.5, 1.5);
+    tg_tensor *seed = random_seed ? tg_rand_uniform(&rng, dt, ndim, shape, -1, 1) : NULL;
+    tg_fused *f = tg_fused_new(fc->fn, NULL, fc->n);
+    cr_assert(f, "%s: %s", fc->name, tg_last_error_message());
+    int prev = tg_num_threads();
+    tg_set_num_threads(threads);
+    tg_tensor *yo, *yf, *go[3], *gf[3];
+    run_case(fc, f, false, in, seed, NULL, &yo, go);
+    run_case(fc, f, true, in, seed, NULL, &yf, gf);
+    tg_set_num_threads(prev);
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    cr_expect(same_bits(yo, yf), "%s %s, %lld elements, %d threads: output differs", fc->name,
+              tg_dtype_name(dt), (long long)n, threads);
+    for (int i = 0; i < fc->n; i++) {
+        if (!go[i]) { /* an input the function does not use: zeros from the call */
+            cr_expect(gf[i] && tu_item(tg_sum(tg_abs(gf[i]))) == 0.0,
+                      "%s: unused input %d", fc->name, i);
+            continue;
+        }
+        cr_expect(same_bits(go[i], gf[i]), "%s %s, %lld elements, %s seed, %d threads: "
+                  "gradient %d differs", fc->name, tg_dtype_name(dt), (long long)n,
+                  random_seed ? "random" : "sum's", threads, i);
+    }
+    tg_tensor_release(yo);
+    tg_tensor_release(yf);
+    for (int i = 0; i < fc->n; i++) tg_tensor_release(go[i]), tg_tensor_release(gf[i]);
+    tg_fused_free(f);
+    tg_scope_end();
+}
+
+Test(fused, calls_give_the_ops_outputs_and_gradients_bit_for_bit)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const struct { int ndim; int64_t shape[2]; } sizes[] = {
+        {1, {1}}, {2, {3, 5}}, {1, {4097}}, {2, {300, 1001}}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int dt = 0; dt < 2; dt++)
+            for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
+                for (int seed = 0; seed < 2; seed++)
+                    compare_case(&cases[c], dt ? TG_F64 : TG_F32, sizes[z].ndim, sizes[z].shape,
+                                 seed, 1);
+    /* Large enough to split across the pool's threads. */
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        compare_case(&cases[c], TG_F32, 1, SHAPE(1 << 20), false, 2);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+Test(fused, a_call_records_one_node_and_keeps_no_more_than_the_ops)
+{
+    tg_fused *f = tg_fused_new(f_chain, NULL, 1);
+    cr_assert(f);
+    cr_expect_eq(tg_fused_ops(f), 5, "x*x, +1, tanh, sigmoid, *: %d", tg_fused_ops(f));
+    size_t kept[2];
+    for (int fused = 0; fused < 2; fused++) {
+        tg_tape *tape = tg_tape_new(NULL);
+        tg_scope_begin();
+        tg_tensor *x = tg_full(TG_F32, 1, SHAPE(10000), 0.3);
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        tg_tensor *y = fused ? tg_fused_call(f, 1, &x) : f_chain(NULL, 1, &x);
+        cr_assert(y);
+        if (fused) cr_expect_eq(tg_tape_node_count(tape), 1);
+        kept[fused] = tg_tape_saved_bytes(tape);
+        tg_scope_end();
+        tg_tape_free(tape);
+    }
+    /* The ops keep t and s (tanh's and sigmoid's outputs, mul's inputs:
+     * the same tensors) and the leaf x, which the tape does not count; the
+     * call keeps x, a row each of t and s, and its program. */
+    cr_expect(kept[1] <= kept[0] + 4096, "fused keeps %zu bytes, the ops %zu", kept[1], kept[0]);
+    cr_expect(kept[1] >= 2 * 40000, "fused keeps %zu bytes: t and s are 80000", kept[1]);
+    tg_fused_free(f);
+}
+
+/* ---- errors */
+static tg_tensor *f_sum(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    return tg_sum(tg_tanh(in[0]));
+}
+
+static tg_tensor *f_outside(void *ud, int n, tg_tensor *const *in)
+{
+    (void)n;
+    return tg_mul(in[0], (tg_tensor *)ud);
+}
+
+static tg_tensor *f_identity(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    return in[0];
+}
+
+static tg_tensor *f_null(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n, (void)in;
+    tg_error_set(TG_ERR_SHAPE, "the user's own failure");
+    return NULL;
+}
+
+static tg_tensor *f_long(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *x = in[0];
+    for (int i = 0; i < TG_FUSED_MAX_OPS + 1; i++) x = tg_add_scalar(x, 1.0);
+    return x;
+}
+
+static tg_tensor *f_untracked(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n, (void)in;
+    return tg_full(TG_F64, 1, SHAPE(1), 2.0);
+}
+
+Test(fused, compiling_a_function_it_cannot_run_fails_naming_why)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    cr_expect_null(tg_fused_new(NULL, NULL, 1));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    cr_expect_null(tg_fused_new(f_chain, NULL, 0));
+    cr_expect_eq(tg_last_error(), TG_ERR_INVALID);
+    cr_expect_null(tg_fused_new(f_chain, NULL, TG_FUSED_MAX_INPUTS + 1));
+    cr_expect_eq(tg_last_error(), TG_ERR_INVALID);
+    cr_expect_null(tg_fused_new(f_sum, NULL, 1));
+    cr_expect_eq(tg_last_error(), TG_ERR_UNSUPPORTED);
+    cr_expect(strstr(tg_last_error_message(), "'sum'"), "%s", tg_last_error_message());
+    tg_tensor *c = tg_full(TG_F64, 1, SHAPE(1), 3.0);
+    cr_expect_null(tg_fused_new(f_outside, c, 1));
+    cr_expect_eq(tg_last_error(), TG_ERR_UNSUPPORTED);
+    cr_expect(strstr(tg_last_error_message(), "not one of the function's inputs"), "%s",
+              tg_last_error_message());
+    tg_tensor_release(c);
+    cr_expect_null(tg_fused_new(f_identity, NULL, 1));
+    cr_expect_eq(tg_last_error(), TG_ERR_UNSUPPORTED);
+    cr_expect_null(tg_fused_new(f_untracked, NULL, 1));
+    cr_expect_eq(tg_last_error(), TG_ERR_UNSUPPORTED);
+    cr_expect_null(tg_fused_new(f_null, NULL, 1));
+    cr_expect_eq(tg_last_error(), TG_ERR_SHAPE);
+    cr_expect(strstr(tg_last_error_message(), "the user's own failure"));
+    cr_expect_null(tg_fused_new(f_long, NULL, 1));
+    cr_expect_eq(tg_last_error(), TG_ERR_INVALID);
+    cr_expect_eq(tg_fused_ops(NULL), 0);
+    tg_fused_free(NULL);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+Test(fused, bad_calls_fail_with_the_ops_statuses_and_leave_the_tape_usable)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_fused *f1 = tg_fused_new(f_chain, NULL, 1), *f2 = tg_fused_new(f_two, NULL, 2);
+    cr_assert(f1 && f2);
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_scope_begin();
+    tg_tensor *a = tg_full(TG_F32, 2, SHAPE(2, 3), 0.5), *b = tg_full(TG_F32, 1, SHAPE(6), 0.5);
+    tg_tensor *d = tg_full(TG_F64, 2, SHAPE(2, 3), 0.5);
+    tg_tensor *i64 = tg_arange(TG_I64, 0, 6, 1);
+    cr_assert_eq(tg_requires_grad(tape, a), TG_OK);
+    tg_error_clear(); /* a NULL argument keeps a pending error: none here */
+    cr_expect_null(tg_fused_call(NULL, 1, &a));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    cr_expect_null(tg_fused_call(f1, 2, (tg_tensor *[]){a, a}));
+    cr_expect_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    cr_expect_null(tg_fused_call(f1, 1, NULL));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    tg_error_clear();
+    cr_expect_null(tg_fused_call(f2, 2, (tg_tensor *[]){a, NULL}));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    cr_expect_null(tg_fused_call(f2, 2, (tg_tensor *[]){a, b}));
+    cr_expect_eq(tg_last_error(), TG_ERR_SHAPE);
+    cr_expect_null(tg_fused_call(f2, 2, (tg_tensor *[]){a, d}));
+    cr_expect_eq(tg_last_error(), TG_ERR_DTYPE);
+    cr_expect_null(tg_fused_call(f1, 1, &i64));
+    cr_expect_eq(tg_last_error(), TG_ERR_DTYPE);
+    /* A program tensor that is not one, through the registry. */
+    const tg_op *op = tg_op_find("fused_pointwise_1");
+    cr_assert(op);
+    static const int64_t bad[][8] = {
+        {0, 1, 1, 3, 0, -1, 0, 0},                                 /* no magic */
+        {0x7467667573656431, 2, 1, 3, 0, -1, 0, 0},                /* two inputs */
+        {0x7467667573656431, 1, 2, 3, 0, -1, 0, 0},                /* two steps, room for one */
+        {0x7467667573656431, 1, 1, 99, 0, -1, 0, 0},               /* unknown step */
+        {0x7467667573656431, 1, 1, 3, 1, -1, 0, 0},                /* reads itself */
+        {0x7467667573656431, 1, 1, 20, 0, 5, 0, 0},                /* mul of input 0 and 5 */
+        {0x7467667573656431, 1, 1, 3, 0, 0, 0, 0},                 /* a map with two operands */
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        tg_tensor *p = tg_tensor_from_data(TG_I64, 1, SHAPE(8), bad[k]);
+        cr_assert(p);
+        cr_expect_null(tg_op_call(op, 2, (tg_tensor *[]){a, p}, NULL), "program %zu ran", k);
+        cr_expect_eq(tg_last_error(), TG_ERR_INVALID, "program %zu: %s", k,
+                     tg_last_error_message());
+        cr_expect(strstr(tg_last_error_message(), "not a fused program"), "%s",
+                  tg_last_error_message());
+    }
+    /* The tape and the tensors still work. */
+    tg_tensor *y = tg_fused_call(f1, 1, &a);
+    cr_assert(y, "%s", tg_last_error_message());
+    cr_expect_eq(tg_backward(tg_sum(y)), TG_OK);
+    cr_expect(tg_grad(a));
+    tg_scope_end();
+    tg_tape_free(tape);
+    tg_fused_free(f1);
+    tg_fused_free(f2);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+/* ---- policies, second order, lifetime */
+Test(fused, every_checkpoint_policy_gives_the_same_gradients)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_fused *f = tg_fused_new(f_two, NULL, 2);
+    cr_assert(f);
+    tg_rng rng;
+    tg_rng_seed(&rng, 7);
+    tg_scope_begin();
+    tg_tensor *in[2] = {tg_rand_uniform(&rng, TG_F32, 1, SHAPE(20000), -1, 1),
+                        tg_rand_uniform(&rng, TG_F32, 1, SHAPE(20000), -1, 1)};
+    const fcase fc = {"two, fused then tanh", f_two, 2};
+    tg_tensor *y0, *g0[2];
+    run_case(&fc, f, true, in, NULL, NULL, &y0, g0);
+    const tg_tape_opts pol[] = {{.policy = TG_CHECKPOINT_BALANCED},
+                                {.policy = TG_CHECKPOINT_BUDGET, .budget_bytes = 200000}};
+    for (size_t p = 0; p < sizeof pol / sizeof pol[0]; p++) {
+        tg_tensor *y, *g[2];
+        run_case(&fc, f, true, in, NULL, &pol[p], &y, g);
+        cr_expect(same_bits(y, y0) && same_bits(g[0], g0[0]) && same_bits(g[1], g0[1]),
+                  "policy %zu", p);
+        tg_tensor_release(y);
+        tg_tensor_release(g[0]);
+        tg_tensor_release(g[1]);
+    }
+    tg_tensor_release(y0);
+    tg_tensor_release(g0[0]);
+    tg_tensor_release(g0[1]);
+    tg_scope_end();
+    tg_fused_free(f);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+static tg_fused *seg_f;
+
+static tg_tensor *seg_fn(void *ud, int layer, tg_tensor *x)
+{
+    (void)ud, (void)layer;
+    return tg_sigmoid(tg_fused_call(seg_f, 1, &x));
+}
+
+Test(fused, a_call_inside_a_checkpoint_segment_is_rerun_in_backward)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    seg_f = tg_fused_new(f_maps, NULL, 1);
+    cr_assert(seg_f);
+    tg_tensor *g[2];
+    for (int seg = 0; seg < 2; seg++) {
+        tg_tape *tape = tg_tape_new(NULL);
+        tg_scope_begin();
+        tg_tensor *x = tg_arange(TG_F64, -2, 2, 0.0008);
+        cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+        tg_tensor *y = seg ? tg_checkpoint(tape, seg_fn, NULL, x) : seg_fn(NULL, 0, x);
+        cr_assert(y, "%s", tg_last_error_message());
+        cr_assert_eq(tg_backward(tg_sum(y)), TG_OK, "%s", tg_last_error_message());
+        if (seg) cr_expect_gt(tg_tape_recompute_count(tape), 0);
+        g[seg] = tg_tensor_retain(tg_grad(x));
+        tg_scope_end();
+        tg_tape_free(tape);
+    }
+    cr_expect(same_bits(g[0], g[1]));
+    tg_tensor_release(g[0]);
+    tg_tensor_release(g[1]);
+    tg_fused_free(seg_f);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+Test(fused, second_derivatives_match_the_ops)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_fused *f = tg_fused_new(f_two, NULL, 2);
+    cr_assert(f);
+    tg_rng rng;
+    tg_rng_seed(&rng, 3);
+    tg_scope_begin();
+    tg_tensor *a0 = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(50), -1, 1);
+    tg_tensor *b0 = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(50), -1, 1);
+    tg_tensor *hv[2];
+    for (int fused = 0; fused < 2; fused++) {
+        tg_tape *tape = tg_tape_new(NULL);
+        tg_tensor *a = tg_add_scalar(a0, 0.0), *b = tg_add_scalar(b0, 0.0);
+        cr_assert_eq(tg_requires_grad(tape, a), TG_OK);
+        cr_assert_eq(tg_requires_grad(tape, b), TG_OK);
+        tg_tensor *y = fused ? tg_fused_call(f, 2, (tg_tensor *[]){a, b}) : f_two(NULL, 2,
+                                                                               (tg_tensor *[]){a, b});
+        tg_tensor *ga[2];
+        tg_grad_opts o = {.create_graph = true};
+        cr_assert_eq(tg_grad_of(1, &(tg_tensor *){tg_sum(y)}, NULL, 2, (tg_tensor *[]){a, b}, ga,
+                                &o),
+                     TG_OK, "%s", tg_last_error_message());
+        /* d/da of sum(ga[0] * ga[1]): a mixed second derivative. */
+        tg_tensor *h[1];
+        cr_assert_eq(tg_grad_of(1, &(tg_tensor *){tg_sum(tg_mul(ga[0], ga[1]))}, NULL, 1, &a, h,
+                                NULL),
+                     TG_OK, "%s", tg_last_error_message());
+        hv[fused] = tg_tensor_retain(h[0]);
+        tg_tape_free(tape);
+    }
+    double *p = tu_values(hv[1]), *q = tu_values(hv[0]);
+    for (int i = 0; i < 50; i++)
+        cr_expect(fabs(p[i] - q[i]) <= 1e-12 * fmax(1.0, fabs(q[i])), "element %d: %.17g vs %.17g",
+                  i, p[i], q[i]);
+    free(p);
+    free(q);
+    tg_tensor_release(hv[0]);
+    tg_tensor_release(hv[1]);
+    tg_scope_end();
+    tg_fused_free(f);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+Test(fused, freeing_the_function_before_backward_is_safe)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_fused *f = tg_fused_new(f_chain, NULL, 1);
+    cr_assert(f);
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_scope_begin();
+    tg_tensor *x = tg_arange(TG_F32, -1, 1, 1.0 / 4500);
+    cr_assert_eq(tg_requires_grad(tape, x), TG_OK);
+    tg_tensor *y = tg_fused_call(f, 1, &x);
+    cr_assert(y);
+    tg_fused_free(f);
+    cr_expect_eq(tg_backward(tg_sum(y)), TG_OK, "%s", tg_last_error_message());
+    tg_tensor *g = tg_grad(x);
+    cr_assert(g);
+    double v;
+    cr_assert_eq(tg_tensor_get(g, 4500, &v), TG_OK);
+    cr_expect(isfinite(v) && v != 0.0);
+    tg_scope_end();
+    tg_tape_free(tape);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
