@@ -25,7 +25,13 @@
  *               as an engine that defers its eager ops must while any
  *               handle may still be read, then sum_f32 over e;
  *   recompute   the deferred forward writing nothing; the backward
- *               recomputes t and s in each block.
+ *               recomputes t and s in each block;
+ *   tapegrad ops  the real thing: tg_mul, tg_add_scalar, tg_tanh,
+ *               tg_sigmoid, tg_mul and tg_sum recorded on a tape, then
+ *               tg_backward (what `tapegrad bench elementwise` times);
+ *   tg_fused    the same loss through a fused function (tg_fused_new once,
+ *               tg_fused_call and tg_sum each step; include/tapegrad/fused.h),
+ *               recorded and swept the same way.
  *
  * The blocked backward runs, per block, the backward kernels tapegrad's
  * pointwise regions run (src/tape/region.c): mul's two products, tanh's
@@ -37,7 +43,8 @@
  *
  * Prints the median of ROUNDS interleaved rounds (each the best of REPS
  * calls) and the ratio to the fused pass. Pin it for stable figures:
- * `taskset -c 0 ./build/bench/bench_pointwise`. */
+ * `taskset -c 0 ./build/bench/bench_pointwise`. `--threads N` runs the two
+ * library rows on N threads (tg_set_num_threads); the others stay on one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,6 +129,44 @@ static void block_backward(int64_t n, const float *xp, const float *t, const flo
 }
 
 static void *wl; /* the workload's state */
+static tg_tape *tape;
+static tg_tensor *xl; /* a copy of x, a leaf on tape */
+static tg_fused *fused_fn;
+
+static tg_tensor *chain(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *v = in[0];
+    return tg_mul(tg_tanh(tg_add_scalar(tg_mul(v, v), 1.0)), tg_sigmoid(v));
+}
+
+/* One recorded step: forward through the ops or the fused function, the
+ * sum, backward; the gradient read back into gx. */
+static void api_step(bool fused)
+{
+    tg_grad_zero(xl);
+    tg_scope_begin();
+    tg_tensor *y = fused ? tg_fused_call(fused_fn, 1, &xl) : chain(NULL, 1, &xl);
+    tg_tensor *loss = y ? tg_sum(y) : NULL;
+    double v = 0;
+    if (!loss || tg_backward(loss) || tg_tensor_item(loss, &v)) {
+        fprintf(stderr, "bench_pointwise: %s\n", tg_last_error_message());
+        exit(1);
+    }
+    sink = v;
+    tg_scope_end();
+    tg_tape_reset(tape);
+}
+
+static void run_api_ops(void)
+{
+    api_step(false);
+}
+
+static void run_api_fused(void)
+{
+    api_step(true);
+}
 
 static void run_fused(void)
 {
@@ -265,8 +310,14 @@ static double median(const double *v)
     return s[ROUNDS / 2];
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    int threads = 1;
+    if (argc == 3 && strcmp(argv[1], "--threads") == 0) threads = atoi(argv[2]);
+    if ((argc != 1 && argc != 3) || threads < 1) {
+        fprintf(stderr, "usage: bench_pointwise [--threads N]  (N: for the two library rows)\n");
+        return 2;
+    }
     tg__backend_init();
     k_tanh = (tg_unary_fn)tg__kernel(TG_K_TANH, TG_BACKEND_CPU, TG_F32);
     k_sigmoid = (tg_unary_fn)tg__kernel(TG_K_SIGMOID, TG_BACKEND_CPU, TG_F32);
@@ -284,6 +335,17 @@ int main(void)
         return 1;
     }
     x = tg_tensor_data(xt);
+    if (tg_set_num_threads(threads)) {
+        fprintf(stderr, "bench_pointwise: %s\n", tg_last_error_message());
+        return 1;
+    }
+    tape = tg_tape_new(NULL);
+    fused_fn = tg_fused_new(chain, NULL, 1);
+    xl = tg_tensor_from_data(TG_F32, 1, (int64_t[]){N}, x);
+    if (!tape || !fused_fn || !xl || tg_requires_grad(tape, xl)) {
+        fprintf(stderr, "bench_pointwise: %s\n", tg_last_error_message());
+        return 1;
+    }
     float **bufs[] = {&t_all, &s_all, &a_all, &b_all, &e_all, &gx};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         *bufs[i] = malloc(N * sizeof(float));
@@ -293,7 +355,7 @@ int main(void)
         }
         memset(*bufs[i], 0, N * sizeof(float));
     }
-    variant v[2 + 5 * NBLOCKS + 2];
+    variant v[2 + 5 * NBLOCKS + 4];
     int nv = 0;
     v[nv++] = (variant){"fused", run_fused, 0, {0}};
     for (int b = 0; b < NBLOCKS; b++) {
@@ -303,6 +365,8 @@ int main(void)
         v[nv++] = (variant){"all written", run_deferred_all, blocks[b], {0}};
         v[nv++] = (variant){"recompute", run_recompute, blocks[b], {0}};
     }
+    v[nv++] = (variant){"tapegrad ops", run_api_ops, 0, {0}};
+    v[nv++] = (variant){"tg_fused", run_api_fused, 0, {0}};
     v[nv++] = (variant){"sum_f32", run_sum_f32, 0, {0}};
     v[nv++] = (variant){"sum, 64 lanes", run_sum_lanes, 0, {0}};
     for (int k = 0; k < nv; k++) { /* warm-up */
@@ -335,7 +399,12 @@ int main(void)
             snprintf(label, sizeof label, "%s", v[k].name);
         printf("  %-20s %8.3f ms  %5.2fx\n", label, m, m / fused);
     }
-    printf("(blocked variants: floats a block; the two sums: the loss's sum alone)\n");
+    printf("(blocked variants: floats a block; the two sums: the loss's sum alone; tapegrad ops "
+           "and tg_fused: the library's own step, recorded and swept, on %d thread%s)\n",
+           threads, threads == 1 ? "" : "s");
+    tg_fused_free(fused_fn);
+    tg_tensor_release(xl);
+    tg_tape_free(tape);
     bench_wl_elementwise.teardown(wl);
     return sink == 12345.678 ? 1 : 0; /* keeps the results alive */
 }

@@ -1390,7 +1390,8 @@ Test(backends, f32_row_sums_take_the_exact_pass_only_where_it_keeps_the_chains_b
     double got;
 
     /* Taken: values in [0.5, 2), any sign; and subnormals alone. */
-    for (int64_t j = 0; j < N; j++) x[j] = (float)((sum_unit() < 0.5 ? -1 : 1) * (0.5 + 1.5 * sum_unit()));
+    for (int64_t j = 0; j < N; j++)
+        x[j] = (float)((sum_unit() < 0.5 ? -1 : 1) * (0.5 + 1.5 * sum_unit()));
     cr_assert(tg__row_sum_exact_f32(x, N, &got), "a row in [0.5, 2) is exact in any order");
     cr_expect(same_bits((float)got, chain_sum(x, N)), "%.9g vs %.9g", got, chain_sum(x, N));
     cr_expect(same_bits(cpu_sum(x, N), chain_sum(x, N)));

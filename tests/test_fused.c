@@ -406,8 +406,8 @@ Test(fused, second_derivatives_match_the_ops)
         tg_tensor *a = tg_add_scalar(a0, 0.0), *b = tg_add_scalar(b0, 0.0);
         cr_assert_eq(tg_requires_grad(tape, a), TG_OK);
         cr_assert_eq(tg_requires_grad(tape, b), TG_OK);
-        tg_tensor *y = fused ? tg_fused_call(f, 2, (tg_tensor *[]){a, b}) : f_two(NULL, 2,
-                                                                               (tg_tensor *[]){a, b});
+        tg_tensor *ab[2] = {a, b};
+        tg_tensor *y = fused ? tg_fused_call(f, 2, ab) : f_two(NULL, 2, ab);
         tg_tensor *ga[2];
         tg_grad_opts o = {.create_graph = true};
         cr_assert_eq(tg_grad_of(1, &(tg_tensor *){tg_sum(y)}, NULL, 2, (tg_tensor *[]){a, b}, ga,
@@ -454,5 +454,42 @@ Test(fused, freeing_the_function_before_backward_is_safe)
     cr_expect(isfinite(v) && v != 0.0);
     tg_scope_end();
     tg_tape_free(tape);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+Test(fused, a_replayed_call_gives_the_gradients_of_recording_again)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_fused *f = tg_fused_new(f_two, NULL, 2);
+    cr_assert(f);
+    tg_rng rng;
+    tg_rng_seed(&rng, 11);
+    tg_tensor *a = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(30000), -1, 1);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(30000), -1, 1);
+    tg_tensor *x2 = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(30000), -1, 1);
+    tg_tape *rt = tg_tape_new(&(tg_tape_opts){.replay = true});
+    cr_assert_eq(tg_requires_grad(rt, a), TG_OK);
+    cr_assert_eq(tg_tape_input(rt, x), TG_OK, "%s", tg_last_error_message());
+    tg_tensor *y = tg_fused_call(f, 2, (tg_tensor *[]){a, x});
+    tg_tensor *loss = tg_sum(y);
+    cr_assert(loss, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tape_replay(rt, 1, &x, &x2), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    tg_tensor *g_replay = tg_tensor_retain(tg_grad(a));
+    /* Recorded afresh on the new values. */
+    tg_tape *t2 = tg_tape_new(NULL);
+    tg_tensor *b = tg_add_scalar(a, 0.0);
+    tg_tensor *b2 = tg_detach(b);
+    cr_assert_eq(tg_requires_grad(t2, b2), TG_OK, "%s", tg_last_error_message());
+    tg_tensor *y2 = tg_fused_call(f, 2, (tg_tensor *[]){b2, x2});
+    tg_tensor *l2 = tg_sum(y2);
+    cr_assert_eq(tg_backward(l2), TG_OK, "%s", tg_last_error_message());
+    cr_expect(same_bits(g_replay, tg_grad(b2)));
+    cr_expect(same_bits(loss, l2));
+    tg_tensor *rel[] = {g_replay, l2, y2, b2, b, loss, y, a, x, x2};
+    for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) tg_tensor_release(rel[i]);
+    tg_tape_free(t2);
+    tg_tape_free(rt);
+    tg_fused_free(f);
     cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
 }

@@ -245,3 +245,67 @@ Test(threads, one_tape_per_thread_trains_concurrently_as_it_trains_alone)
     cr_assert_eq(tg_mem_current_bytes(), 0);
     cr_assert_eq(tg_set_num_threads(before), TG_OK);
 }
+
+/* One tg_fused shared by threads: each calls it on its own tensors and
+ * tape at once; every thread's output and gradient are those of a call
+ * made alone. */
+static tg_tensor *fused_chain(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *x = in[0];
+    return tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0)), tg_sigmoid(x));
+}
+
+typedef struct fused_job {
+    const tg_fused *f;
+    double out_sum, grad_sum;
+    tg_status st;
+} fused_job;
+
+static void *fused_alone(void *arg)
+{
+    fused_job *j = arg;
+    tg_rng rng;
+    tg_rng_seed(&rng, 9);
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(50000), -2, 2);
+    j->st = tape && x ? tg_requires_grad(tape, x) : tg_last_error();
+    for (int k = 0; k < 20 && !j->st; k++) {
+        tg_scope_begin();
+        tg_grad_zero(x);
+        tg_tensor *y = tg_fused_call(j->f, 1, &x);
+        tg_tensor *s = y ? tg_sum(y) : NULL;
+        j->st = s ? tg_backward(s) : tg_last_error();
+        if (!j->st) j->st = tg_tensor_item(s, &j->out_sum);
+        if (!j->st) j->st = tg_tensor_item(tg_sum(tg_grad(x)), &j->grad_sum);
+        tg_scope_end();
+        tg_tape_reset(tape);
+    }
+    tg_tensor_release(x);
+    tg_tape_free(tape);
+    return NULL;
+}
+
+Test(threads, threads_share_one_fused_function)
+{
+    tg_fused *f = tg_fused_new(fused_chain, NULL, 1);
+    cr_assert(f, "%s", tg_last_error_message());
+    enum { N = 4 };
+    fused_job alone = {.f = f}, t[N];
+    fused_alone(&alone);
+    cr_assert_eq(alone.st, TG_OK, "%s", tg_last_error_message());
+    pthread_t th[N];
+    for (int i = 0; i < N; i++) {
+        t[i] = (fused_job){.f = f};
+        cr_assert_eq(pthread_create(&th[i], NULL, fused_alone, &t[i]), 0);
+    }
+    for (int i = 0; i < N; i++) cr_assert_eq(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(t[i].st, TG_OK, "thread %d: %s", i, tg_strerror(t[i].st));
+        cr_assert(t[i].out_sum == alone.out_sum && t[i].grad_sum == alone.grad_sum,
+                  "thread %d: %.17g %.17g against %.17g %.17g", i, t[i].out_sum, t[i].grad_sum,
+                  alone.out_sum, alone.grad_sum);
+    }
+    tg_fused_free(f);
+    cr_assert_eq(tg_mem_current_bytes(), 0);
+}

@@ -5,10 +5,10 @@
  * Eager ops write every result to memory, and a chain of elementwise ops
  * over large tensors spends its time streaming those results in and out.
  * A fused function runs such a chain block by block instead: the
- * intermediate values stay in cache and only the result is written, and
- * its backward recomputes them per block rather than keeping them. Write
- * the chain as a function of its inputs, compile it once, call it like an
- * op:
+ * intermediate values stay in cache, and only the result and the values
+ * the ops' backward reads are written; its backward runs block by block
+ * too. Write the chain as a function of its inputs, compile it once, call
+ * it like an op:
  *
  *     static tg_tensor *chain(void *ud, int n, tg_tensor *const *in)
  *     {
@@ -30,9 +30,9 @@
  * The result and, where the inputs' gradients come from the call alone,
  * the gradients are bitwise those of running fn's ops one by one (the
  * same kernels on the same operands, sums in the sweep's order). The
- * call records one node, which keeps only its inputs; backward through it
- * works under every checkpoint policy and to any order (create_graph
- * runs the ops' own backward as recorded ops). */
+ * call records one node, which keeps its inputs and what the ops would
+ * keep; backward through it works under every checkpoint policy and to
+ * any order (create_graph runs the ops' own backward as recorded ops). */
 #ifndef TAPEGRAD_FUSED_H
 #define TAPEGRAD_FUSED_H
 #include "tensor.h"
@@ -55,11 +55,12 @@ tg_fused *tg_fused_new(tg_fused_fn fn, void *userdata, int n);
  * scope; tracked when an input requires grad). Errors as an op's:
  * TG_ERR_NULL, TG_ERR_INVALID (n not the compiled count), TG_ERR_DTYPE,
  * TG_ERR_SHAPE, TG_ERR_DEVICE. */
-tg_tensor *tg_fused_call(tg_fused *f, int n, tg_tensor *const *in);
+tg_tensor *tg_fused_call(const tg_fused *f, int n, tg_tensor *const *in);
 /* The number of ops in the compiled program (fn's ops that reach its
  * result); 0 for NULL. */
 int tg_fused_ops(const tg_fused *f);
 /* Frees f; nodes that recorded calls keep what their backward needs.
- * No-op on NULL. */
+ * No-op on NULL. Nothing in f changes after tg_fused_new: threads may call
+ * it at once. */
 void tg_fused_free(tg_fused *f);
 #endif
