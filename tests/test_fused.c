@@ -324,17 +324,27 @@ Test(fused, bad_calls_fail_with_the_ops_statuses_and_leave_the_tape_usable)
 }
 
 /* ---- policies, second order, lifetime */
+
+/* Two vectors of n values in [-1, 1) from seed, for f_two. */
+static void rand_pair(uint64_t seed, tg_dtype dt, int64_t n, tg_tensor **in)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, seed);
+    for (int i = 0; i < 2; i++) {
+        in[i] = tg_rand_uniform(&rng, dt, 1, &n, -1, 1);
+        cr_assert(in[i]);
+    }
+}
+
 Test(fused, every_checkpoint_policy_gives_the_same_gradients)
 {
     size_t mem0 = tg_mem_current_bytes();
     tg_fused *f = tg_fused_new(f_two, NULL, 2);
     cr_assert(f);
-    tg_rng rng;
-    tg_rng_seed(&rng, 7);
     tg_scope_begin();
-    tg_tensor *in[2] = {tg_rand_uniform(&rng, TG_F32, 1, SHAPE(20000), -1, 1),
-                        tg_rand_uniform(&rng, TG_F32, 1, SHAPE(20000), -1, 1)};
-    const fcase fc = {"two, fused then tanh", f_two, 2};
+    tg_tensor *in[2];
+    rand_pair(7, TG_F32, 20000, in);
+    const fcase fc = {"two", f_two, 2};
     tg_tensor *y0, *g0[2];
     run_case(&fc, f, true, in, NULL, NULL, &y0, g0);
     const tg_tape_opts pol[] = {{.policy = TG_CHECKPOINT_BALANCED},
@@ -395,12 +405,10 @@ Test(fused, second_derivatives_match_the_ops)
     size_t mem0 = tg_mem_current_bytes();
     tg_fused *f = tg_fused_new(f_two, NULL, 2);
     cr_assert(f);
-    tg_rng rng;
-    tg_rng_seed(&rng, 3);
     tg_scope_begin();
-    tg_tensor *a0 = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(50), -1, 1);
-    tg_tensor *b0 = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(50), -1, 1);
-    tg_tensor *hv[2];
+    tg_tensor *in[2];
+    rand_pair(3, TG_F64, 50, in);
+    tg_tensor *a0 = in[0], *b0 = in[1], *hv[2];
     for (int fused = 0; fused < 2; fused++) {
         tg_tape *tape = tg_tape_new(NULL);
         tg_tensor *a = tg_add_scalar(a0, 0.0), *b = tg_add_scalar(b0, 0.0);
