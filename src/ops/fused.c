@@ -342,6 +342,20 @@ static void backward_block(const engine *e, char *const *grad, const char *gyb, 
                 map_block(s, e, m, g, dst); /* -g, or g * s */
                 contrib_done(&bg, s->a);
             }
+        } else if (s->kid == TG_K_MUL && s->a == s->b) {
+            /* x * x: both contributions are g x, made once as mul's
+             * backward makes them, then added as the sweep adds them. */
+            char *own_a = own(e, grad, s->a, o);
+            if (own_a) {
+                binary_block(TG_K_MUL, e, m, g, a, tmp);
+                if (bg.gp[s->a]) {
+                    binary_block(TG_K_ADD, e, m, bg.gp[s->a], tmp, own_a);
+                    binary_block(TG_K_ADD, e, m, own_a, tmp, own_a);
+                } else {
+                    binary_block(TG_K_ADD, e, m, tmp, tmp, own_a);
+                }
+                bg.gp[s->a] = own_a;
+            }
         } else if (s->kid == TG_K_MUL) {
             const char *b = operand(e, vp, s->b, o);
             if ((dst = contrib_dst(&bg, s->a))) {
