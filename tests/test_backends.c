@@ -1344,6 +1344,7 @@ Test(backends, vector_math_chunks_give_each_element_the_same_bits)
  * the order: the lane order would give another answer), and through
  * tg_sum and tg_sum_dims on the cpu backend. */
 #include "backend/kernels.h"
+#include "core/pool.h" /* tg__pool_jobs: that a sum was split */
 
 static float chain_sum(const float *x, int64_t n)
 {
@@ -1461,6 +1462,41 @@ Test(backends, f32_row_sums_take_the_exact_pass_only_where_it_keeps_the_chains_b
     tg_tensor_release(s);
     tg_tensor_release(t);
     tg_set_default_backend(prev);
+    free(x);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+/* On two threads a whole-row f32 sum of 1M floats is split into parts
+ * that are summed apart and merged; where it cannot be shown exact the
+ * kernel runs on one thread. Both give the chain's bits. */
+Test(backends, split_f32_sums_keep_the_chains_bits)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    enum { N = 1 << 20 };
+    float *x = malloc(N * sizeof *x);
+    cr_assert(x);
+    int prev = tg_num_threads();
+    cr_assert_eq(tg_set_num_threads(2), TG_OK);
+    for (int64_t j = 0; j < N; j++)
+        x[j] = (float)((sum_unit() < 0.5 ? -1 : 1) * (0.5 + 1.5 * sum_unit()));
+    uint64_t jobs = tg__pool_jobs();
+    cr_expect(same_bits(cpu_sum(x, N), chain_sum(x, N)));
+    cr_expect_gt(tg__pool_jobs(), jobs, "the sum was not split");
+    memset(x, 0, N * sizeof *x);
+    x[0] = 0x1p60f, x[4] = 1.0f, x[16] = -0x1p60f; /* the chain loses the 1: 0 */
+    cr_expect(same_bits(cpu_sum(x, N), 0.0f), "tg_sum gave %.9g", (double)cpu_sum(x, N));
+    x[0] = x[4] = x[16] = 0.0f;
+    x[N - 8] = 0x1p60f, x[N - 4] = 1.0f, x[N - 1] = -0x1p60f; /* in the second part */
+    cr_expect(same_bits(cpu_sum(x, N), chain_sum(x, N)));
+    cr_assert_eq(tg_set_num_threads(prev), TG_OK);
+    /* Parts that pass alone and not together: 1 and 2^-30 in a row of 2^20. */
+    tg__exact_sum a, b;
+    tg__exact_sum_init(&a);
+    tg__exact_sum_init(&b);
+    float one = 1.0f, tiny = 0x1p-30f;
+    cr_expect(tg__exact_sum_add(&a, &one, 1, N));
+    cr_expect(tg__exact_sum_add(&b, &tiny, 1, N));
+    cr_expect_not(tg__exact_sum_merge(&a, &b, N));
     free(x);
     cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
 }

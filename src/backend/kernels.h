@@ -144,6 +144,18 @@ typedef void (*tg_reduce_fn)(const tg_reduce *r, const void *x, void *y);
  * untouched, when that cannot be shown (the range of |x| too wide for n,
  * an infinity or a NaN). Exposed for the tests. */
 TG_INTERNAL bool tg__row_sum_exact_f32(const float *x, int64_t n, double *out);
+/* The same pass over parts of a row of n elements: init, add each part
+ * (false: the row cannot be shown exact; stop), merge the parts' states
+ * (false likewise), then the value. */
+#define TG_EXACT_LANES 16
+typedef struct tg__exact_sum {
+    double lane[TG_EXACT_LANES];
+    uint32_t lo, hi; /* smallest nonzero |x| bit pattern minus 1; largest */
+} tg__exact_sum;
+TG_INTERNAL void tg__exact_sum_init(tg__exact_sum *s);
+TG_INTERNAL bool tg__exact_sum_add(tg__exact_sum *s, const float *x, int64_t len, int64_t n);
+TG_INTERNAL bool tg__exact_sum_merge(tg__exact_sum *into, const tg__exact_sum *from, int64_t n);
+TG_INTERNAL double tg__exact_sum_value(const tg__exact_sum *s);
 
 /* Dim kernels see x as (outer, n, inner) and work along n (logsumexp and
  * the softmax family too). */

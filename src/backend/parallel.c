@@ -4,6 +4,7 @@
  * so the two never compete for the cores. Kernels stay single-threaded
  * functions; this file cuts their index range into parts. Small jobs run
  * inline. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/parallel.h"
@@ -255,4 +256,51 @@ void tg__add_into(tg_tensor *dst, const tg_tensor *src)
     tg_spec sp;
     tg__spec_of(dst, &sp);
     tg__binary_kernel(TG_K_ADD, &sp, dst, src, tg__tensor_ptr(dst));
+}
+
+/* ---- the f32 sum of a whole row on the cpu backend, split: the exact
+ * pass (cpu/reduce.c) summed in parts and merged, so the bits are the
+ * chain's; where the row cannot be shown exact, the kernel (one thread). */
+typedef struct sum_job {
+    const float *x;
+    int64_t n;
+    int nparts; /* as the pool ran it */
+    tg__exact_sum part[TG_POOL_MAX_THREADS];
+    bool ok[TG_POOL_MAX_THREADS];
+} sum_job;
+
+static void sum_part(void *ctx, int part, int nparts)
+{
+    sum_job *j = ctx;
+    int64_t lo, len;
+    range(j->n, part, nparts, &lo, &len);
+    if (part == 0) j->nparts = nparts;
+    tg__exact_sum_init(&j->part[part]);
+    j->ok[part] = tg__exact_sum_add(&j->part[part], j->x + lo, len, j->n);
+}
+
+void tg__run_sum(const tg_reduce *r, const tg_tensor *x, void *y)
+{
+    tg_reduce_fn k = (tg_reduce_fn)tg__kernel(TG_K_REDUCE_SUM, x->backend, x->dtype);
+    int64_t n = x->numel;
+    int parts = x->backend == TG_BACKEND_CPU && x->dtype == TG_F32 ? parts_for(n, 4) : 1;
+    bool whole = true; /* every dim reduced: one row */
+    for (int d = 0; d < r->ndim; d++) whole = whole && (r->reduce[d] || r->shape[d] == 1);
+    if (parts == 1 || !whole) {
+        k(r, tg__tensor_ptr(x), y);
+        return;
+    }
+    sum_job *j = malloc(sizeof *j);
+    bool ok = j != NULL;
+    if (ok) {
+        j->x = tg__tensor_ptr(x);
+        j->n = n;
+        tg__pool_run(sum_part, j, parts);
+        for (int p = 0; p < j->nparts && ok; p++) ok = j->ok[p];
+        for (int p = 1; p < j->nparts && ok; p++)
+            ok = tg__exact_sum_merge(&j->part[0], &j->part[p], n);
+        if (ok) *(float *)y = (float)tg__exact_sum_value(&j->part[0]);
+    }
+    free(j);
+    if (!ok) k(r, tg__tensor_ptr(x), y);
 }

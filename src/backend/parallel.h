@@ -38,5 +38,10 @@ TG_INTERNAL void tg__binary_kernel(tg_kernel_id kid, const tg_spec *out_spec, co
  * gradient accumulation when it holds the only reference to dst. Same
  * dtype, backend and shape, both contiguous. */
 TG_INTERNAL void tg__add_into(tg_tensor *dst, const tg_tensor *src);
+/* The sum kernel on x (r: its reduction) into y, a whole f32 row on the
+ * cpu backend split across the pool where it is large (the exact pass in
+ * parts, merged: the kernel's bits; the kernel itself where the row cannot
+ * be shown exact). */
+TG_INTERNAL void tg__run_sum(const tg_reduce *r, const tg_tensor *x, void *y);
 
 #endif

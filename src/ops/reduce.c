@@ -76,7 +76,7 @@ static tg_tensor *sum_like_fwd(tg_op_ctx *ctx, tg_tensor *const *in, double scal
     reduce_spec(ctx->op, ctx->attrs, x, r.reduce, &ignored);
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     if (!y) return NULL;
-    TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, x)(&r, tg__tensor_ptr(x), tg__tensor_ptr(y));
+    tg__run_sum(&r, x, tg__tensor_ptr(y));
     if (scale != 1.0)
         TG_KERNEL(tg_unary_fn, TG_K_MUL_SCALAR, y)(y->numel, tg__tensor_ptr(y), tg__tensor_ptr(y),
                                                    scale);

@@ -47,8 +47,9 @@ static bool split(const tg_reduce *r, bool prefix, int64_t *outer, int64_t *inne
  * largest |x| by their bit patterns, chunk by chunk; the bound can only
  * get worse as the row goes on, so it gives up at the first chunk after
  * which it fails, or at an infinity or NaN, and the caller runs the
- * chain. */
-#define EXACT_LANES 16
+ * chain. A row may be cut into parts summed apart (on several threads,
+ * backend/parallel.c) and merged: the result is exact either way. */
+#define EXACT_LANES TG_EXACT_LANES
 #define EXACT_CHUNK 4096
 #define EXACT_MIN_ROW 1024 /* shorter rows: the chain is as fast */
 
@@ -60,12 +61,21 @@ static bool exact_bound_holds(int64_t n, uint32_t min_bits, uint32_t max_bits)
     return (double)n * (double)top <= ldexp(1.0, (e > 1 ? e : 1) - 150 + 52);
 }
 
-TG_CLONES bool tg__row_sum_exact_f32(const float *x, int64_t n, double *out)
+void tg__exact_sum_init(tg__exact_sum *s)
 {
-    double lane[EXACT_LANES] = {0};
-    uint32_t lo = UINT32_MAX, hi = 0; /* smallest nonzero |x| bits, minus 1; largest */
-    for (int64_t c = 0; c < n; c += EXACT_CHUNK) {
-        int64_t m = n - c < EXACT_CHUNK ? n - c : EXACT_CHUNK;
+    memset(s->lane, 0, sizeof s->lane);
+    s->lo = UINT32_MAX;
+    s->hi = 0;
+}
+
+TG_CLONES bool tg__exact_sum_add(tg__exact_sum *s, const float *x, int64_t len, int64_t n)
+{
+    double lane[EXACT_LANES];
+    memcpy(lane, s->lane, sizeof lane);
+    uint32_t lo = s->lo, hi = s->hi; /* smallest nonzero |x| bits, minus 1; largest */
+    bool ok = true;
+    for (int64_t c = 0; c < len && ok; c += EXACT_CHUNK) {
+        int64_t m = len - c < EXACT_CHUNK ? len - c : EXACT_CHUNK;
         const float *xc = x + c;
         uint32_t mn[EXACT_LANES], mx[EXACT_LANES];
         for (int l = 0; l < EXACT_LANES; l++) mn[l] = UINT32_MAX, mx[l] = 0;
@@ -91,12 +101,38 @@ TG_CLONES bool tg__row_sum_exact_f32(const float *x, int64_t n, double *out)
             lo = mn[l] < lo ? mn[l] : lo;
             hi = mx[l] > hi ? mx[l] : hi;
         }
-        if (hi >= 0x7f800000u) return false; /* an infinity or a NaN */
-        if (lo != UINT32_MAX && !exact_bound_holds(n, lo + 1u, hi)) return false;
+        ok = hi < 0x7f800000u && (lo == UINT32_MAX || exact_bound_holds(n, lo + 1u, hi));
     }
+    memcpy(s->lane, lane, sizeof lane);
+    s->lo = lo;
+    s->hi = hi;
+    return ok;
+}
+
+bool tg__exact_sum_merge(tg__exact_sum *into, const tg__exact_sum *from, int64_t n)
+{
+    for (int l = 0; l < EXACT_LANES; l++) into->lane[l] += from->lane[l];
+    into->lo = from->lo < into->lo ? from->lo : into->lo;
+    into->hi = from->hi > into->hi ? from->hi : into->hi;
+    return into->hi < 0x7f800000u &&
+           (into->lo == UINT32_MAX || exact_bound_holds(n, into->lo + 1u, into->hi));
+}
+
+double tg__exact_sum_value(const tg__exact_sum *s)
+{
+    double lane[EXACT_LANES];
+    memcpy(lane, s->lane, sizeof lane);
     for (int w = EXACT_LANES / 2; w > 0; w /= 2)
         for (int l = 0; l < w; l++) lane[l] += lane[l + w];
-    *out = lane[0];
+    return lane[0];
+}
+
+bool tg__row_sum_exact_f32(const float *x, int64_t n, double *out)
+{
+    tg__exact_sum s;
+    tg__exact_sum_init(&s);
+    if (!tg__exact_sum_add(&s, x, n, n)) return false;
+    *out = tg__exact_sum_value(&s);
     return true;
 }
 
