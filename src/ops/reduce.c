@@ -499,7 +499,7 @@ static tg_tensor *var_like_fwd(tg_op_ctx *ctx, tg_tensor *const *in, bool take_s
         tg_tensor_release(dev);
         return NULL;
     }
-    TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, x)(&r, tg__tensor_ptr(x), tg__tensor_ptr(mean));
+    tg__run_sum(&r, x, tg__tensor_ptr(mean));
     TG_KERNEL(tg_unary_fn, TG_K_MUL_SCALAR, x)(mean->numel, tg__tensor_ptr(mean),
                                                tg__tensor_ptr(mean), n ? 1.0 / (double)n : 0.0);
     tg_spec xs;
@@ -511,7 +511,7 @@ static tg_tensor *var_like_fwd(tg_op_ctx *ctx, tg_tensor *const *in, bool take_s
     tg__bcast_desc(&xs, dev, dev, &bc);
     TG_KERNEL(tg_binary_fn, TG_K_MUL, x)(&bc, tg__tensor_ptr(dev), tg__tensor_ptr(dev),
                                          tg__tensor_ptr(dev));
-    TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, x)(&r, tg__tensor_ptr(dev), tg__tensor_ptr(y));
+    tg__run_sum(&r, dev, tg__tensor_ptr(y));
     TG_KERNEL(tg_unary_fn, TG_K_MUL_SCALAR, x)(y->numel, tg__tensor_ptr(y), tg__tensor_ptr(y),
                                                var_scale(n, ctx->attrs->scalar));
     if (take_sqrt)

@@ -187,7 +187,7 @@ static tg_tensor *sum_to_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         r.reduce[d] = d < lead || (ctx->out_spec->shape[d - lead] == 1 && x->shape[d] != 1);
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     if (!y) return NULL;
-    TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, x)(&r, tg__tensor_ptr(x), tg__tensor_ptr(y));
+    tg__run_sum(&r, x, tg__tensor_ptr(y));
     return y;
 }
 static tg_status sum_to_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)

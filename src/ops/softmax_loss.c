@@ -359,7 +359,7 @@ static tg_tensor *mse_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     tg_reduce r = {.ndim = a->ndim};
     memcpy(r.shape, a->shape, sizeof r.shape);
     for (int i = 0; i < a->ndim; i++) r.reduce[i] = true;
-    TG_KERNEL(tg_reduce_fn, TG_K_REDUCE_SUM, a)(&r, tg__tensor_ptr(d), tg__tensor_ptr(loss));
+    tg__run_sum(&r, d, tg__tensor_ptr(loss));
     double n = (double)a->numel;
     TG_KERNEL(tg_unary_fn, TG_K_MUL_SCALAR, a)(1, tg__tensor_ptr(loss), tg__tensor_ptr(loss),
                                                n ? 1.0 / n : 0.0);
