@@ -187,6 +187,7 @@ typedef struct engine {
     tg_dtype dt;
     size_t es;
     int64_t numel;
+    int64_t block, nblocks;             /* elements a block (64 KiB), blocks in all */
     const char *in[TG_FUSED_MAX_INPUTS];
     char *out;                          /* forward: the result */
     char *saved;                        /* the kept values (prog.keep), NULL: none */
@@ -393,9 +394,8 @@ static void backward_block(const engine *e, char *const *grad, const char *gyb, 
 static void run_part(const engine *e, int part, int nparts, bool backward)
 {
     const prog *pr = e->pr;
-    const int64_t block = (int64_t)(BLOCK_BYTES / e->es);
-    int64_t nblocks = (e->numel + block - 1) / block;
-    int64_t b0 = nblocks * part / nparts, b1 = nblocks * (part + 1) / nparts;
+    const int64_t block = e->block;
+    int64_t b0 = e->nblocks * part / nparts, b1 = e->nblocks * (part + 1) / nparts;
     char *base = e->scratch + e->part_bytes * (size_t)part;
     char *buf[TG_FUSED_MAX_OPS]; /* forward: the values; backward: the gradients */
     size_t blk = BLOCK_BYTES;
@@ -431,10 +431,8 @@ static bool run(engine *e, bool backward)
 {
     if (e->numel == 0) return true;
     int parts = tg__split_parts((size_t)e->numel * e->es);
-    int64_t nblocks = (e->numel + (int64_t)(BLOCK_BYTES / e->es) - 1) /
-                      (int64_t)(BLOCK_BYTES / e->es);
     if (parts > tg__pool_size()) parts = tg__pool_size();
-    if (parts > nblocks) parts = (int)nblocks;
+    if (parts > e->nblocks) parts = (int)e->nblocks;
     e->part_bytes = part_bytes(e->pr, backward);
     size_t total = e->part_bytes * (size_t)parts;
     e->scratch = tg__data_alloc(total);
@@ -458,6 +456,8 @@ static void engine_init(engine *e, const prog *pr, const tg_tensor *x0, tg_tenso
     e->dt = x0->dtype;
     e->es = tg__esize(x0->dtype);
     e->numel = x0->numel;
+    e->block = (int64_t)(BLOCK_BYTES / e->es);
+    e->nblocks = (e->numel + e->block - 1) / e->block;
     for (int i = 0; i < pr->nin; i++) e->in[i] = tg__tensor_ptr(in[i]);
 }
 
@@ -566,7 +566,8 @@ static tg_status recorded_bwd(tg_op_ctx *ctx, const prog *pr, tg_tensor *const *
     return TG_OK;
 }
 
-static bool all_ones_bcast(const tg_tensor *g)
+/* Whether g is one value broadcast (every stride 0 where a dim is not 1). */
+static bool one_value_bcast(const tg_tensor *g)
 {
     for (int d = 0; d < g->ndim; d++)
         if (g->strides[d] != 0 && g->shape[d] != 1) return false;
@@ -595,7 +596,7 @@ static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
     }
     if (gout->contiguous) {
         e.gy = tg__tensor_ptr(gout);
-    } else if (all_ones_bcast(gout)) {
+    } else if (one_value_bcast(gout)) {
         const void *p = tg__tensor_ptr(gout); /* one value, broadcast */
         e.gy1 = gout->dtype == TG_F32 ? *(const float *)p : *(const double *)p;
     } else {

@@ -61,6 +61,14 @@ static bool exact_bound_holds(int64_t n, uint32_t min_bits, uint32_t max_bits)
     return (double)n * (double)top <= ldexp(1.0, (e > 1 ? e : 1) - 150 + 52);
 }
 
+/* Whether a row of n elements whose |x| bit patterns so far span lo + 1
+ * (smallest nonzero; lo UINT32_MAX: none yet) to hi is still exact: no
+ * infinity or NaN, and the bound above. */
+static bool exact_so_far(int64_t n, uint32_t lo, uint32_t hi)
+{
+    return hi < 0x7f800000u && (lo == UINT32_MAX || exact_bound_holds(n, lo + 1u, hi));
+}
+
 void tg__exact_sum_init(tg__exact_sum *s)
 {
     memset(s->lane, 0, sizeof s->lane);
@@ -101,7 +109,7 @@ TG_CLONES bool tg__exact_sum_add(tg__exact_sum *s, const float *x, int64_t len, 
             lo = mn[l] < lo ? mn[l] : lo;
             hi = mx[l] > hi ? mx[l] : hi;
         }
-        ok = hi < 0x7f800000u && (lo == UINT32_MAX || exact_bound_holds(n, lo + 1u, hi));
+        ok = exact_so_far(n, lo, hi);
     }
     memcpy(s->lane, lane, sizeof lane);
     s->lo = lo;
@@ -114,8 +122,7 @@ bool tg__exact_sum_merge(tg__exact_sum *into, const tg__exact_sum *from, int64_t
     for (int l = 0; l < EXACT_LANES; l++) into->lane[l] += from->lane[l];
     into->lo = from->lo < into->lo ? from->lo : into->lo;
     into->hi = from->hi > into->hi ? from->hi : into->hi;
-    return into->hi < 0x7f800000u &&
-           (into->lo == UINT32_MAX || exact_bound_holds(n, into->lo + 1u, into->hi));
+    return exact_so_far(n, into->lo, into->hi);
 }
 
 double tg__exact_sum_value(const tg__exact_sum *s)
