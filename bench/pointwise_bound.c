@@ -31,7 +31,9 @@
  *               tg_backward (what `tapegrad bench elementwise` times);
  *   tg_fused    the same loss through a fused function (tg_fused_new once,
  *               tg_fused_call and tg_sum each step; include/tapegrad/fused.h),
- *               recorded and swept the same way.
+ *               recorded and swept the same way;
+ *   tg_fused_sum  the same with the loss from tg_fused_sum, which sums the
+ *               function's result block by block instead of writing it.
  *
  * The blocked backward runs, per block, the backward kernels tapegrad's
  * pointwise regions run (src/tape/region.c): mul's two products, tanh's
@@ -43,7 +45,7 @@
  *
  * Prints the median of ROUNDS interleaved rounds (each the best of REPS
  * calls) and the ratio to the fused pass. Pin it for stable figures:
- * `taskset -c 0 ./build/bench/bench_pointwise`. `--threads N` runs the two
+ * `taskset -c 0 ./build/bench/bench_pointwise`. `--threads N` runs the
  * library rows on N threads (tg_set_num_threads); the others stay on one. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,14 +142,20 @@ static tg_tensor *chain(void *ud, int n, tg_tensor *const *in)
     return tg_mul(tg_tanh(tg_add_scalar(tg_mul(v, v), 1.0)), tg_sigmoid(v));
 }
 
-/* One recorded step: forward through the ops or the fused function, the
- * sum, backward; the gradient read back into gx. */
-static void api_step(bool fused)
+/* One recorded step: forward through the ops (mode 0), the fused function
+ * and tg_sum (1) or the fused sum (2), backward; the gradient read back
+ * into gx. */
+static void api_step(int mode)
 {
     tg_grad_zero(xl);
     tg_scope_begin();
-    tg_tensor *y = fused ? tg_fused_call(fused_fn, 1, &xl) : chain(NULL, 1, &xl);
-    tg_tensor *loss = y ? tg_sum(y) : NULL;
+    tg_tensor *loss;
+    if (mode == 2) {
+        loss = tg_fused_sum(fused_fn, 1, &xl);
+    } else {
+        tg_tensor *y = mode ? tg_fused_call(fused_fn, 1, &xl) : chain(NULL, 1, &xl);
+        loss = y ? tg_sum(y) : NULL;
+    }
     double v = 0;
     if (!loss || tg_backward(loss) || tg_tensor_item(loss, &v)) {
         fprintf(stderr, "bench_pointwise: %s\n", tg_last_error_message());
@@ -160,12 +168,17 @@ static void api_step(bool fused)
 
 static void run_api_ops(void)
 {
-    api_step(false);
+    api_step(0);
 }
 
 static void run_api_fused(void)
 {
-    api_step(true);
+    api_step(1);
+}
+
+static void run_api_fused_sum(void)
+{
+    api_step(2);
 }
 
 static void run_fused(void)
@@ -315,7 +328,7 @@ int main(int argc, char **argv)
     int threads = 1;
     if (argc == 3 && strcmp(argv[1], "--threads") == 0) threads = atoi(argv[2]);
     if ((argc != 1 && argc != 3) || threads < 1) {
-        fprintf(stderr, "usage: bench_pointwise [--threads N]  (N: for the two library rows)\n");
+        fprintf(stderr, "usage: bench_pointwise [--threads N]  (N: for the library rows)\n");
         return 2;
     }
     tg__backend_init();
@@ -355,7 +368,7 @@ int main(int argc, char **argv)
         }
         memset(*bufs[i], 0, N * sizeof(float));
     }
-    variant v[2 + 5 * NBLOCKS + 4];
+    variant v[2 + 5 * NBLOCKS + 5];
     int nv = 0;
     v[nv++] = (variant){"fused", run_fused, 0, {0}};
     for (int b = 0; b < NBLOCKS; b++) {
@@ -367,6 +380,7 @@ int main(int argc, char **argv)
     }
     v[nv++] = (variant){"tapegrad ops", run_api_ops, 0, {0}};
     v[nv++] = (variant){"tg_fused", run_api_fused, 0, {0}};
+    v[nv++] = (variant){"tg_fused_sum", run_api_fused_sum, 0, {0}};
     v[nv++] = (variant){"sum_f32", run_sum_f32, 0, {0}};
     v[nv++] = (variant){"sum, 64 lanes", run_sum_lanes, 0, {0}};
     for (int k = 0; k < nv; k++) { /* warm-up */
@@ -400,7 +414,7 @@ int main(int argc, char **argv)
         printf("  %-20s %8.3f ms  %5.2fx\n", label, m, m / fused);
     }
     printf("(blocked variants: floats a block; the two sums: the loss's sum alone; tapegrad ops "
-           "and tg_fused: the library's own step, recorded and swept, on %d thread%s)\n",
+           "and the tg_fused rows: the library's own step, recorded and swept, on %d thread%s)\n",
            threads, threads == 1 ? "" : "s");
     tg_fused_free(fused_fn);
     tg_tensor_release(xl);

@@ -15,6 +15,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,6 +190,167 @@ Test(fused, a_call_records_one_node_and_keeps_no_more_than_the_ops)
     cr_expect(kept[1] <= kept[0] + 4096, "fused keeps %zu bytes, the ops %zu", kept[1], kept[0]);
     cr_expect(kept[1] >= 2 * 40000, "fused keeps %zu bytes: t and s are 80000", kept[1]);
     tg_fused_free(f);
+}
+
+/* ---- the fused sum: tg_fused_sum against tg_sum of the ops */
+
+/* loss = sum(fc(in)) by the ops and tg_sum (sum_fused false) or by
+ * tg_fused_sum, backward from 0.75 loss; the loss and the gradients (new
+ * references). */
+static void run_sum(const fcase *fc, tg_fused *f, bool sum_fused, tg_tensor *const *in,
+                    tg_tensor **loss, tg_tensor **grads)
+{
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *x[3];
+    for (int i = 0; i < fc->n; i++) {
+        x[i] = tg_add_scalar(tg_contiguous(tg_detach(in[i])), 0.0);
+        cr_assert(x[i]);
+        cr_assert_eq(tg_requires_grad(tape, x[i]), TG_OK, "%s", tg_last_error_message());
+    }
+    tg_scope_begin();
+    tg_tensor *l = sum_fused ? tg_fused_sum(f, fc->n, x) : tg_sum(fc->fn(NULL, fc->n, x));
+    cr_assert(l, "%s: %s", fc->name, tg_last_error_message());
+    cr_expect_eq(tg_tensor_ndim(l), 0);
+    /* a seed other than 1 reaches the call */
+    cr_assert_eq(tg_backward(tg_mul_scalar(l, 0.75)), TG_OK, "%s: %s", fc->name,
+                 tg_last_error_message());
+    *loss = tg_tensor_retain(l);
+    for (int i = 0; i < fc->n; i++) grads[i] = tg_tensor_retain(tg_grad(x[i]));
+    tg_scope_end();
+    tg_tape_free(tape);
+}
+
+/* The fused sum of fc on in against the ops' tg_sum: the loss and every
+ * gradient bit for bit. */
+static void expect_same_sum(const fcase *fc, tg_tensor *const *in, int threads, const char *what)
+{
+    tg_fused *f = tg_fused_new(fc->fn, NULL, fc->n);
+    cr_assert(f, "%s: %s", fc->name, tg_last_error_message());
+    int prev = tg_num_threads();
+    tg_set_num_threads(threads);
+    tg_tensor *lo, *lf, *go[3], *gf[3];
+    run_sum(fc, f, false, in, &lo, go);
+    run_sum(fc, f, true, in, &lf, gf);
+    tg_set_num_threads(prev);
+    cr_expect(same_bits(lo, lf), "%s %s, %d threads: the sum differs (%.17g vs %.17g)", fc->name,
+              what, threads, tu_item(lo), tu_item(lf));
+    for (int i = 0; i < fc->n; i++) {
+        if (go[i])
+            cr_expect(same_bits(go[i], gf[i]), "%s %s, %d threads: gradient %d differs",
+                      fc->name, what, threads, i);
+        tg_tensor_release(go[i]);
+        tg_tensor_release(gf[i]);
+    }
+    tg_tensor_release(lo);
+    tg_tensor_release(lf);
+    tg_fused_free(f);
+}
+
+/* The input's values, kept: the fused sum of x * 1 is tg_sum(x)'s. */
+static tg_tensor *f_times_one(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    return tg_mul_scalar(in[0], 1.0);
+}
+
+Test(fused, a_fused_sum_gives_tg_sums_bits_and_its_gradients)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const struct { int ndim; int64_t shape[2]; } sizes[] = {
+        {0, {0}}, {1, {1}}, {2, {3, 5}}, {1, {4097}}, {2, {300, 1001}}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int dt = 0; dt < 2; dt++)
+            for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+                tg_rng rng;
+                tg_rng_seed(&rng, 7 + z);
+                tg_scope_begin();
+                tg_tensor *in[3];
+                for (int i = 0; i < cases[c].n; i++)
+                    in[i] = tg_rand_uniform(&rng, dt ? TG_F64 : TG_F32, sizes[z].ndim,
+                                            sizes[z].shape, -1.5, 1.5);
+                char what[64];
+                snprintf(what, sizeof what, "%s, size %zu", dt ? "f64" : "f32", z);
+                expect_same_sum(&cases[c], in, 1, what);
+                if (z == 4) expect_same_sum(&cases[c], in, 2, what);
+                tg_scope_end();
+            }
+    /* 1M f32 values that the exact pass takes (the chain's results lie in
+     * (0, 1.3)), on one thread and split across two. */
+    tg_scope_begin();
+    tg_rng rng;
+    tg_rng_seed(&rng, 3);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(1 << 20), 0.25, 1.5);
+    expect_same_sum(&cases[0], &x, 1, "1M");
+    expect_same_sum(&cases[0], &x, 2, "1M");
+    tg_scope_end();
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+/* Values whose sum depends on the order: 2^60, 1 and -2^60 four and
+ * twelve places apart. tg_sum's chain adds the three in one accumulator
+ * and loses the 1 (0); in 16 lanes 2^60 and -2^60 cancel and the 1
+ * survives. The fused sum cannot show these exact, so it must write the
+ * result and give the chain's 0, on one thread and on two, wherever the
+ * pattern lies (the first block, the last, a block in the middle). */
+Test(fused, a_fused_sum_of_values_not_exact_gives_the_chains_bits)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    const fcase one = {"times_one", f_times_one, 1};
+    static const int64_t at[] = {0, 600000, (1 << 20) - 100};
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) {
+        tg_scope_begin();
+        float *v = calloc(1 << 20, sizeof *v);
+        cr_assert(v);
+        for (int64_t j = 0; j < at[k]; j++) v[j] = 1.0f;
+        v[at[k]] = 0x1p60f, v[at[k] + 4] = 1.0f, v[at[k] + 16] = -0x1p60f;
+        tg_tensor *x = tg_tensor_from_data(TG_F32, 1, SHAPE(1 << 20), v);
+        free(v);
+        cr_assert(x);
+        if (k == 0) /* the chain loses the 1 */
+            cr_expect_eq(tu_item(tg_sum(x)), 0.0, "tg_sum: %.17g", tu_item(tg_sum(x)));
+        expect_same_sum(&one, &x, 1, "pattern");
+        expect_same_sum(&one, &x, 2, "pattern");
+        tg_scope_end();
+    }
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
+Test(fused, a_fused_sum_records_one_node_and_fails_as_a_call_does)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_fused *f = tg_fused_new(f_chain, NULL, 1), *f2 = tg_fused_new(f_two, NULL, 2);
+    cr_assert(f && f2);
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_scope_begin();
+    tg_tensor *a = tg_full(TG_F32, 2, SHAPE(2, 3), 0.5), *b = tg_full(TG_F32, 1, SHAPE(6), 0.5);
+    cr_assert_eq(tg_requires_grad(tape, a), TG_OK);
+    tg_error_clear();
+    cr_expect_null(tg_fused_sum(NULL, 1, &a));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    cr_expect(strstr(tg_last_error_message(), "fused_sum"), "%s", tg_last_error_message());
+    cr_expect_null(tg_fused_sum(f, 2, (tg_tensor *[]){a, a}));
+    cr_expect_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    cr_expect_null(tg_fused_sum(f, 1, NULL));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    cr_expect_null(tg_fused_sum(f2, 2, (tg_tensor *[]){a, b}));
+    cr_expect_eq(tg_last_error(), TG_ERR_SHAPE);
+    cr_expect_eq(tg_tape_node_count(tape), 0);
+    tg_tensor *l = tg_fused_sum(f, 1, &a);
+    cr_assert(l, "%s", tg_last_error_message());
+    cr_expect_eq(tg_tape_node_count(tape), 1);
+    /* 6 * tanh(1.25) * sigmoid(0.5), and its gradient at 0.5:
+     * s (1 - t^2) 2x + t s (1 - s) each */
+    double t = tanh(1.25), s = 1 / (1 + exp(-0.5));
+    cr_expect(fabs(tu_item(l) - 6 * t * s) < 1e-5, "%.9g", tu_item(l));
+    cr_assert_eq(tg_backward(l), TG_OK);
+    double g = s * (1 - t * t) + t * s * (1 - s);
+    tu_expect_values(tg_grad(a), (double[]){g, g, g, g, g, g}, 6, 1e-5);
+    tg_scope_end();
+    tg_tape_free(tape);
+    tg_fused_free(f);
+    tg_fused_free(f2);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
 }
 
 /* ---- errors */

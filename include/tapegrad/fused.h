@@ -56,6 +56,15 @@ tg_fused *tg_fused_new(tg_fused_fn fn, void *userdata, int n);
  * TG_ERR_NULL, TG_ERR_INVALID (n not the compiled count), TG_ERR_DTYPE,
  * TG_ERR_SHAPE, TG_ERR_DEVICE. */
 tg_tensor *tg_fused_call(const tg_fused *f, int n, tg_tensor *const *in);
+/* The sum of every element of tg_fused_call(f, n, in), as tg_sum gives it
+ * (bit for bit, and so its gradients), without writing the result where
+ * it can: a loss that ends a chain. A 0-d tensor; errors as
+ * tg_fused_call's. On the cpu in f32 the blocks' results are summed as
+ * they are made when the values can be shown to sum exactly (what
+ * tg_sum's fast pass needs); otherwise, and for f64, the result is
+ * written and summed as tg_sum sums it, which costs one more forward
+ * pass where the first could not show it. */
+tg_tensor *tg_fused_sum(const tg_fused *f, int n, tg_tensor *const *in);
 /* The number of ops in the compiled program (fn's ops that reach its
  * result); 0 for NULL. */
 int tg_fused_ops(const tg_fused *f);

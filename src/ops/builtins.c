@@ -39,7 +39,8 @@
     /* random.c */                                                                  \
     X(dropout)                                                                      \
     /* fused.c */                                                                   \
-    X(fused_pointwise_1) X(fused_pointwise_2) X(fused_pointwise_3)
+    X(fused_pointwise_1) X(fused_pointwise_2) X(fused_pointwise_3)               \
+    X(fused_sum_1) X(fused_sum_2) X(fused_sum_3)
 
 #define TG__DECLARE(name) extern const tg_op tg__op_##name;
 TG_BUILTIN_OPS(TG__DECLARE)

@@ -42,7 +42,6 @@
 #include "ops/helpers.h"
 #include "tape/tape_internal.h"
 
-#define BLOCK_BYTES 65536
 #define PROG_MAGIC INT64_C(0x7467667573656431) /* "tgfused1" */
 #define HEAD 3                                  /* magic, inputs, steps */
 #define STEP 5                                  /* code, a, b, p bits, q bits */
@@ -178,7 +177,37 @@ static tg_status fused_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *c
     return TG_OK;
 }
 
+/* The sum's: the same inputs, one value out. */
+static tg_status fused_sum_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
+                                 tg_spec *out)
+{
+    tg_status st = fused_shape(op, a, in, out);
+    out->ndim = 0;
+    return st;
+}
+
 /* ---- the block engine */
+
+/* The bytes a block of each value takes. A block's working set is about
+ * a buffer per step, the seed and a contribution, the kept values, and
+ * the inputs' slices and their gradients': where it fits the L1 cache at
+ * 2 KiB a value or more, the largest power of two that fits is used (the
+ * kernels' per-call cost grows below 2 KiB); where it does not, blocks
+ * of 16 KiB, which keep it in L2. Measured on the elementwise chain and
+ * on longer chains of 1 to 40 maps and products over 1M floats (see
+ * docs/benchmarks.md, "Fused pointwise functions"). */
+#define L1_BYTES 24576
+#define SMALL_BLOCK 2048
+#define L2_BLOCK 16384
+static size_t block_bytes(const prog *pr)
+{
+    size_t w = (size_t)pr->n + 2 + (size_t)pr->nkeep + 2 * (size_t)pr->nin + 1;
+    size_t fit = L1_BYTES / w;
+    if (fit < SMALL_BLOCK) return L2_BLOCK;
+    size_t b = SMALL_BLOCK;
+    while (2 * b <= fit) b *= 2;
+    return b;
+}
 
 /* One call's buffers and operands. */
 typedef struct engine {
@@ -187,7 +216,8 @@ typedef struct engine {
     tg_dtype dt;
     size_t es;
     int64_t numel;
-    int64_t block, nblocks;             /* elements a block (64 KiB), blocks in all */
+    size_t bbytes;                      /* bytes a block of each value (block_bytes) */
+    int64_t block, nblocks;             /* elements a block, blocks in all */
     const char *in[TG_FUSED_MAX_INPUTS];
     char *out;                          /* forward: the result */
     char *saved;                        /* the kept values (prog.keep), NULL: none */
@@ -196,13 +226,18 @@ typedef struct engine {
     char *gin[TG_FUSED_MAX_INPUTS];     /* backward: input gradients (NULL: not needed) */
     char *scratch;                      /* per part: part_bytes */
     size_t part_bytes;
+    /* Forward of a fused sum (cpu f32): the result is not written; each
+     * part adds its blocks' last values to its exact sum, while exok[part]
+     * holds (NULL: no sum). */
+    tg__exact_sum *ex;
+    bool *exok;
 } engine;
 
 /* A part's blocks: forward, a value per step; backward, a gradient per
  * step, the broadcast seed and a contribution. */
-static size_t part_bytes(const prog *pr, bool backward)
+static size_t part_bytes(const engine *e, bool backward)
 {
-    return BLOCK_BYTES * ((size_t)pr->n + (backward ? 2 : 0));
+    return e->bbytes * ((size_t)e->pr->n + (backward ? 2 : 0));
 }
 
 static void binary_block(tg_kernel_id kid, const engine *e, int64_t m, const void *a,
@@ -227,10 +262,14 @@ static const char *operand(const engine *e, char *const *vp, int r, int64_t o)
     return r < e->pr->nin ? e->in[r] + (size_t)o * e->es : vp[r - e->pr->nin];
 }
 
-/* Step j's slice of the saved values at element o. */
-static char *kept(const engine *e, int j, int64_t o)
+/* Step j's slice of the saved values in the block [o, o + m). The saved
+ * tensor holds them block by block, a block's kept rows one after the
+ * other: the forward writes it and the backward reads it as one stream,
+ * however many values a program keeps. */
+static char *kept(const engine *e, int j, int64_t o, int64_t m)
 {
-    return e->saved + ((size_t)e->pr->krow[j] * (size_t)e->numel + (size_t)o) * e->es;
+    const prog *pr = e->pr;
+    return e->saved + ((size_t)o * (size_t)pr->nkeep + (size_t)pr->krow[j] * (size_t)m) * e->es;
 }
 
 /* Runs every step on the block [o, o + m), each into its buffer (val), or
@@ -244,7 +283,7 @@ static void forward_block(const engine *e, char *const *val, char **vp, int64_t 
     for (int j = 0; j < pr->n; j++) {
         const step *s = &pr->s[j];
         char *dst = j == pr->n - 1 && last     ? last
-                    : e->saved && pr->keep[j] ? kept(e, j, o)
+                    : e->saved && pr->keep[j] ? kept(e, j, o, m)
                                               : val[j];
         const char *a = operand(e, vp, s->a, o);
         if (s->b < 0)
@@ -254,7 +293,7 @@ static void forward_block(const engine *e, char *const *val, char **vp, int64_t 
         vp[j] = dst;
     }
     if (last && e->saved && pr->keep[pr->n - 1])
-        memcpy(kept(e, pr->n - 1, o), last, (size_t)m * e->es);
+        memcpy(kept(e, pr->n - 1, o, m), last, (size_t)m * e->es);
 }
 
 /* Ref r's own gradient block (a step's buffer, or an input's slice of
@@ -317,7 +356,7 @@ static void backward_block(const engine *e, char *const *grad, const char *gyb, 
     const prog *pr = e->pr;
     bgrad bg = {.e = e, .grad = grad, .tmp = tmp, .o = o, .m = m};
     char *vp[TG_FUSED_MAX_OPS]; /* what the steps' gradients read was kept */
-    for (int j = 0; j < pr->n; j++) vp[j] = pr->keep[j] ? kept(e, j, o) : NULL;
+    for (int j = 0; j < pr->n; j++) vp[j] = pr->keep[j] ? kept(e, j, o, m) : NULL;
     /* The seed: the call's gradient, or one value broadcast (gyb). */
     bg.gp[pr->nin + pr->n - 1] = e->gy ? e->gy + (size_t)o * e->es : gyb;
     for (int j = pr->n - 1; j >= 0; j--) {
@@ -398,7 +437,7 @@ static void run_part(const engine *e, int part, int nparts, bool backward)
     int64_t b0 = e->nblocks * part / nparts, b1 = e->nblocks * (part + 1) / nparts;
     char *base = e->scratch + e->part_bytes * (size_t)part;
     char *buf[TG_FUSED_MAX_OPS]; /* forward: the values; backward: the gradients */
-    size_t blk = BLOCK_BYTES;
+    size_t blk = e->bbytes;
     for (int j = 0; j < pr->n; j++) buf[j] = base + blk * (size_t)j;
     char *gyb = base + blk * (size_t)pr->n, *tmp = gyb + blk;
     if (backward && !e->gy) /* the broadcast seed, once for the part */
@@ -409,7 +448,10 @@ static void run_part(const engine *e, int part, int nparts, bool backward)
             backward_block(e, buf, gyb, tmp, o, m);
         } else {
             char *vp[TG_FUSED_MAX_OPS];
-            forward_block(e, buf, vp, o, m, e->out + (size_t)o * e->es);
+            forward_block(e, buf, vp, o, m, e->out ? e->out + (size_t)o * e->es : NULL);
+            if (e->ex && e->exok[part])
+                e->exok[part] = tg__exact_sum_add(&e->ex[part], (const float *)vp[pr->n - 1], m,
+                                                  e->numel);
         }
     }
 }
@@ -424,16 +466,23 @@ static void backward_part(void *ctx, int part, int nparts)
     run_part(ctx, part, nparts, true);
 }
 
+/* The parts run() splits the blocks into (the pool may run fewer). */
+static int parts_of(const engine *e)
+{
+    int parts = tg__split_parts((size_t)e->numel * e->es);
+    if (parts > tg__pool_size()) parts = tg__pool_size();
+    if (parts > e->nblocks) parts = (int)e->nblocks;
+    return parts < 1 ? 1 : parts;
+}
+
 /* Runs the engine over every block, split across the pool where the
  * tensors are large; false (error recorded) when its buffers cannot be
  * had. */
 static bool run(engine *e, bool backward)
 {
     if (e->numel == 0) return true;
-    int parts = tg__split_parts((size_t)e->numel * e->es);
-    if (parts > tg__pool_size()) parts = tg__pool_size();
-    if (parts > e->nblocks) parts = (int)e->nblocks;
-    e->part_bytes = part_bytes(e->pr, backward);
+    int parts = parts_of(e);
+    e->part_bytes = part_bytes(e, backward);
     size_t total = e->part_bytes * (size_t)parts;
     e->scratch = tg__data_alloc(total);
     if (!e->scratch) {
@@ -456,9 +505,33 @@ static void engine_init(engine *e, const prog *pr, const tg_tensor *x0, tg_tenso
     e->dt = x0->dtype;
     e->es = tg__esize(x0->dtype);
     e->numel = x0->numel;
-    e->block = (int64_t)(BLOCK_BYTES / e->es);
+    e->bbytes = block_bytes(pr);
+    e->block = (int64_t)(e->bbytes / e->es);
     e->nblocks = (e->numel + e->block - 1) / e->block;
     for (int i = 0; i < pr->nin; i++) e->in[i] = tg__tensor_ptr(in[i]);
+}
+
+/* A recorded call keeps the values the backward reads, as the ops would:
+ * a new tensor in *sv, engine e writing them; *sv NULL when nothing is
+ * kept or the call is not recorded. false (error recorded) when it cannot
+ * be had. */
+static bool new_saved(const tg_op_ctx *ctx, const prog *pr, const tg_tensor *x0, engine *e,
+                      tg_tensor **sv)
+{
+    *sv = NULL;
+    if (!ctx->needs || !pr->nkeep) return true;
+    int64_t shape[2] = {pr->nkeep, x0->numel};
+    *sv = tg__tensor_empty(x0->dtype, 2, shape, x0->backend);
+    e->saved = *sv ? tg__tensor_ptr(*sv) : NULL;
+    return *sv != NULL;
+}
+
+/* Hands sv (if any) to the node; false (error recorded) when it cannot. */
+static bool keep_saved(tg_op_ctx *ctx, tg_tensor *sv)
+{
+    if (!sv || tg_op_ctx_save(ctx, sv) >= 0) return true;
+    tg__err(TG_ERR_INTERNAL, "'%s' could not keep its values for backward", ctx->op->name);
+    return false;
 }
 
 static tg_tensor *fused_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
@@ -471,29 +544,84 @@ static tg_tensor *fused_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     engine e;
     engine_init(&e, &pr, in[0], in);
     e.out = tg__tensor_ptr(y);
-    /* Recorded: keep the values the backward reads, as the ops would. */
-    tg_tensor *sv = NULL;
-    if (ctx->needs && pr.nkeep) {
-        int64_t shape[2] = {pr.nkeep, in[0]->numel};
-        sv = tg__tensor_empty(in[0]->dtype, 2, shape, in[0]->backend);
-        if (!sv) {
-            tg_tensor_release(y);
-            return NULL;
-        }
-        e.saved = tg__tensor_ptr(sv);
-    }
-    if (!run(&e, false)) {
+    tg_tensor *sv;
+    if (!new_saved(ctx, &pr, in[0], &e, &sv) || !run(&e, false) || !keep_saved(ctx, sv)) {
         tg_tensor_release(sv);
         tg_tensor_release(y);
-        return NULL;
-    }
-    if (sv && tg_op_ctx_save(ctx, sv) < 0) {
-        tg_tensor_release(sv);
-        tg_tensor_release(y);
-        tg__err(TG_ERR_INTERNAL, "'%s' could not keep its values for backward", ctx->op->name);
         return NULL;
     }
     tg_tensor_release(sv);
+    return y;
+}
+
+/* ---- a fused sum: y = sum(f(x)), bitwise tg_sum(tg_fused_call(...)) */
+
+/* The whole-tensor sum of x into y's one value, as tg_sum runs it. */
+static void sum_all(const tg_tensor *x, tg_tensor *y)
+{
+    tg_reduce r = {.ndim = x->ndim};
+    memcpy(r.shape, x->shape, sizeof r.shape);
+    for (int d = 0; d < x->ndim; d++) r.reduce[d] = true;
+    tg__run_sum(&r, x, tg__tensor_ptr(y));
+}
+
+/* The forward writes no result where it can: on the cpu in f32 each part
+ * sums its blocks' results in the exact pass (backend/cpu/reduce.c),
+ * whose value, when it succeeds, is the bits tg_sum gives (every order of
+ * the additions is exact). Where the values cannot be shown exact, the
+ * result is computed once more, written this time, and summed as tg_sum
+ * sums it; for f64 and the ref backend the first pass writes it. */
+static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    int nin = ctx->op->arity - 1;
+    prog pr;
+    if (decode(ctx->op, in[nin], nin, &pr)) return NULL;
+    tg_tensor *y = tg_op_ctx_new_output(ctx), *sv = NULL, *full = NULL;
+    if (!y) return NULL;
+    engine e;
+    engine_init(&e, &pr, in[0], in);
+    bool ok = new_saved(ctx, &pr, in[0], &e, &sv);
+    bool exact = ok && e.be == TG_BACKEND_CPU && e.dt == TG_F32;
+    int parts = parts_of(&e);
+    if (exact) {
+        e.ex = malloc((size_t)parts * sizeof *e.ex);
+        e.exok = malloc((size_t)parts * sizeof *e.exok);
+        ok = e.ex && e.exok;
+        if (!ok) tg__err(TG_ERR_NOMEM, "out of memory for a fused sum's %d parts", parts);
+        for (int p = 0; ok && p < parts; p++) {
+            tg__exact_sum_init(&e.ex[p]);
+            e.exok[p] = true;
+        }
+    } else if (ok) {
+        ok = (full = tg__tensor_empty(in[0]->dtype, in[0]->ndim, in[0]->shape, e.be)) != NULL;
+        e.out = ok ? tg__tensor_ptr(full) : NULL;
+    }
+    ok = ok && run(&e, false) && keep_saved(ctx, sv);
+    if (ok && exact) {
+        bool sum_ok = true;
+        for (int p = 0; p < parts; p++) sum_ok = sum_ok && e.exok[p];
+        for (int p = 1; sum_ok && p < parts; p++)
+            sum_ok = tg__exact_sum_merge(&e.ex[0], &e.ex[p], e.numel);
+        if (sum_ok) {
+            *(float *)tg__tensor_ptr(y) = (float)tg__exact_sum_value(&e.ex[0]);
+        } else { /* the result once more, written, and tg_sum's own sum of it */
+            ok = (full = tg__tensor_empty(in[0]->dtype, in[0]->ndim, in[0]->shape, e.be)) != NULL;
+            e.out = ok ? tg__tensor_ptr(full) : NULL;
+            e.saved = NULL;
+            free(e.ex);
+            e.ex = NULL;
+            ok = ok && run(&e, false);
+        }
+    }
+    if (ok && full) sum_all(full, y);
+    free(e.ex);
+    free(e.exok);
+    tg_tensor_release(full);
+    tg_tensor_release(sv);
+    if (!ok) {
+        tg_tensor_release(y);
+        return NULL;
+    }
     return y;
 }
 
@@ -584,7 +712,16 @@ static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
     if (st) return st;
     bool records = tg__records(gout);
     for (int i = 0; i < nin; i++) records = records || tg__records(in[i]);
-    if (records) return recorded_bwd(ctx, &pr, in, gout, gin);
+    bool sum = ctx->op->shape == fused_sum_shape; /* gout: the sum's one value */
+    if (records) {
+        if (sum) { /* spread over the input's shape, as sum's backward spreads it */
+            int64_t ones[TG_MAX_DIMS];
+            for (int d = 0; d < in[0]->ndim; d++) ones[d] = 1;
+            gout = tg_expand(tg_reshape(gout, in[0]->ndim, ones), in[0]->ndim, in[0]->shape);
+            if (!gout) return tg_last_error();
+        }
+        return recorded_bwd(ctx, &pr, in, gout, gin);
+    }
     engine e;
     engine_init(&e, &pr, in[0], in);
     if (pr.nkeep) {
@@ -594,9 +731,9 @@ static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
                            ctx->op->name);
         e.saved = tg__tensor_ptr(sv);
     }
-    if (gout->contiguous) {
+    if (gout->contiguous && !sum) {
         e.gy = tg__tensor_ptr(gout);
-    } else if (one_value_bcast(gout)) {
+    } else if (sum || one_value_bcast(gout)) {
         const void *p = tg__tensor_ptr(gout); /* one value, broadcast */
         e.gy1 = gout->dtype == TG_F32 ? *(const float *)p : *(const double *)p;
     } else {
@@ -779,37 +916,52 @@ static tg_tensor *prog_on(const tg_fused *f, tg_backend be)
     return tg__tensor_view(p, p->ndim, p->shape, p->strides, 0);
 }
 
-extern const tg_op tg__op_fused_pointwise_1, tg__op_fused_pointwise_2, tg__op_fused_pointwise_3;
+extern const tg_op tg__op_fused_pointwise_1, tg__op_fused_pointwise_2, tg__op_fused_pointwise_3,
+    tg__op_fused_sum_1, tg__op_fused_sum_2, tg__op_fused_sum_3;
 static const tg_op *const fused_ops[TG_FUSED_MAX_INPUTS] = {
     &tg__op_fused_pointwise_1, &tg__op_fused_pointwise_2, &tg__op_fused_pointwise_3};
+static const tg_op *const sum_ops[TG_FUSED_MAX_INPUTS] = {
+    &tg__op_fused_sum_1, &tg__op_fused_sum_2, &tg__op_fused_sum_3};
 
-tg_tensor *tg_fused_call(const tg_fused *f, int n, tg_tensor *const *in)
+/* f on in[0..n) through ops[n - 1]; name: the API function's, for errors. */
+static tg_tensor *call(const tg_fused *f, int n, tg_tensor *const *in,
+                       const tg_op *const *ops, const char *name)
 {
     if (!f) {
-        tg__err_null("fused_call", 1);
+        tg__err_null(name, 1);
         return NULL;
     }
     if (n != f->nin) {
-        tg__err(TG_ERR_INVALID, "bad argument #2 to 'fused_call' (%d inputs; the function was "
-                                "compiled for %d)", n, f->nin);
+        tg__err(TG_ERR_INVALID, "bad argument #2 to '%s' (%d inputs; the function was "
+                                "compiled for %d)", name, n, f->nin);
         return NULL;
     }
     if (!in) {
-        tg__err_null("fused_call", 3);
+        tg__err_null(name, 3);
         return NULL;
     }
     for (int i = 0; i < n; i++)
         if (!in[i]) {
-            tg__err_null("fused_call", 3);
+            tg__err_null(name, 3);
             return NULL;
         }
     tg_tensor *args[TG_FUSED_MAX_INPUTS + 1];
     for (int i = 0; i < n; i++) args[i] = in[i];
     args[n] = prog_on(f, in[0]->backend);
     if (!args[n]) return NULL;
-    tg_tensor *y = tg_op_call(fused_ops[n - 1], n + 1, args, NULL);
+    tg_tensor *y = tg_op_call(ops[n - 1], n + 1, args, NULL);
     tg_tensor_release(args[n]);
     return y;
+}
+
+tg_tensor *tg_fused_call(const tg_fused *f, int n, tg_tensor *const *in)
+{
+    return call(f, n, in, fused_ops, "fused_call");
+}
+
+tg_tensor *tg_fused_sum(const tg_fused *f, int n, tg_tensor *const *in)
+{
+    return call(f, n, in, sum_ops, "fused_sum");
 }
 
 int tg_fused_ops(const tg_fused *f)
@@ -868,3 +1020,17 @@ static int fused_sample(int nin, int k, tg_rng *rng, tg_tensor **in)
 FUSED_OP(1, "y = f(x)")
 FUSED_OP(2, "y = f(x1, x2)")
 FUSED_OP(3, "y = f(x1, x2, x3)")
+
+#define FUSED_SUM_OP(N, math)                                                             \
+    const tg_op tg__op_fused_sum_##N = {                                                  \
+        .name = "fused_sum_" #N,                                                          \
+        .doc = math ", the sum over every element of a fused function's result, not "    \
+               "written (the last input: its program)",                                   \
+        .arity = N + 1, .shape = fused_sum_shape, .forward = fused_sum_fwd,               \
+        .backward = fused_bwd, .cost = TG_COST_MEMORY_BOUND, .saves = (1u << (N + 1)) - 1, \
+        .sample = fused_sample_##N,                                                       \
+    };
+
+FUSED_SUM_OP(1, "y = sum(f(x))")
+FUSED_SUM_OP(2, "y = sum(f(x1, x2))")
+FUSED_SUM_OP(3, "y = sum(f(x1, x2, x3))")
