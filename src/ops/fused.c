@@ -452,6 +452,11 @@ static void run_part(const engine *e, int part, int nparts, bool backward)
     char *gyb = base + blk * (size_t)pr->n, *tmp = gyb + blk;
     if (backward && !e->gy) /* the broadcast seed, once for the part */
         ((tg_fill_fn)tg__kernel(TG_K_FILL, e->be, e->dt))(block, gyb, e->gy1);
+    /* The part's sum on its own stack, stored once at the end: parts
+     * writing next to each other block by block share cache lines. */
+    tg__exact_sum ex;
+    bool exok = e->ex != NULL;
+    if (exok) tg__exact_sum_init(&ex);
     for (int64_t b = b0; b < b1; b++) {
         int64_t o = b * block, m = e->numel - o < block ? e->numel - o : block;
         if (backward) {
@@ -459,10 +464,12 @@ static void run_part(const engine *e, int part, int nparts, bool backward)
         } else {
             char *vp[TG_FUSED_MAX_OPS];
             forward_block(e, buf, vp, o, m, e->out ? e->out + (size_t)o * e->es : NULL);
-            if (e->ex && e->exok[part])
-                e->exok[part] = tg__exact_sum_add(&e->ex[part], (const float *)vp[pr->n - 1], m,
-                                                  e->numel);
+            if (exok) exok = tg__exact_sum_add(&ex, (const float *)vp[pr->n - 1], m, e->numel);
         }
+    }
+    if (e->ex) {
+        e->ex[part] = ex;
+        e->exok[part] = exok;
     }
 }
 
