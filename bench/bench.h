@@ -177,7 +177,8 @@ typedef struct bench_workload {
     void (*teardown)(void *st);
 } bench_workload;
 
-extern const bench_workload bench_wl_tiny, bench_wl_chain, bench_wl_elementwise, bench_wl_rnn;
+extern const bench_workload bench_wl_tiny, bench_wl_chain, bench_wl_elementwise, bench_wl_fused,
+    bench_wl_rnn;
 extern const bench_workload bench_wl_mlp, bench_wl_conv, bench_wl_deep;
 /* bench_policies' two that are not in the suite: a wide Linear stack
  * whose activations outweigh its weights, and an LSTM. */

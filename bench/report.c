@@ -57,7 +57,7 @@ void bench_print_result(FILE *f, const bench_result *r)
     }
     if (w == &bench_wl_chain)
         snprintf(rate, sizeof rate, "%.0f ns/op fwd+bwd", r->fwd_bwd.median * 1e6 / 100);
-    if (w == &bench_wl_elementwise) /* x read and its gradient written, at least */
+    if (w == &bench_wl_elementwise || w == &bench_wl_fused) /* x read, its gradient written */
         snprintf(rate, sizeof rate, "%.1f GB/s min. traffic",
                  8.0 * (1 << 20) / (r->fwd_bwd.median * 1e6));
     fprintf(f, "%-12s %17.4g %17.4g %17.4g %17s %7s %9.3f %9.3f  %s\n", w->name, r->fwd.median,

@@ -511,7 +511,7 @@ const bench_workload bench_wl_conv = {
 };
 
 const bench_workload *const bench_workloads[] = {
-    &bench_wl_tiny, &bench_wl_chain, &bench_wl_mlp,  &bench_wl_elementwise,
+    &bench_wl_tiny, &bench_wl_chain, &bench_wl_mlp,  &bench_wl_elementwise, &bench_wl_fused,
     &bench_wl_rnn,  &bench_wl_conv,  &bench_wl_deep, NULL,
 };
 

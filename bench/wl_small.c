@@ -235,6 +235,7 @@ typedef struct {
     tg_tensor *x; /* (1M), the parameter */
     float *dx;    /* the fused baseline's gradient */
     double sink;  /* and its loss */
+    tg_fused *f;  /* the fused workload's function (elem_fn); NULL in elementwise */
 } elem_st;
 
 static void *elem_setup(char *err, size_t errlen)
@@ -258,6 +259,7 @@ static void elem_teardown(void *p)
 {
     elem_st *s = p;
     if (!s) return;
+    tg_fused_free(s->f);
     tg_params_free(s->ps);
     free(s->dx);
     free(s);
@@ -394,6 +396,66 @@ static void elem_fused(void *p, bool backward)
     }
     s->sink = total;
 }
+
+/* ---- fused: the same loss through a fused function, tg_fused_sum of
+ * elem_fn: one recorded node whose forward keeps t and s block by block
+ * and writes no intermediate, and whose backward runs block by block
+ * (include/tapegrad/fused.h). elem_fn applies the ops in elem_whole's
+ * order, so the loss and the gradient are elementwise's, bit for bit. */
+static tg_tensor *elem_fn(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *x = in[0];
+    tg_tensor *sg = tg_sigmoid(x);
+    tg_tensor *t = tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0));
+    return tg_mul(t, sg);
+}
+
+static void *fused_setup(char *err, size_t errlen)
+{
+    elem_st *s = elem_setup(err, errlen);
+    if (!s) return NULL;
+    s->f = tg_fused_new(elem_fn, NULL, 1);
+    if (!s->f) {
+        elem_teardown(s);
+        return bench_setup_failed(err, errlen, "fused setup");
+    }
+    return s;
+}
+
+static tg_tensor *fused_whole(void *p, int layer, tg_tensor *x)
+{
+    (void)layer;
+    return tg_fused_sum(((elem_st *)p)->f, 1, &x);
+}
+
+static tg_tensor *fused_forward(void *p, tg_tape *tape, int segments)
+{
+    elem_st *s = p;
+    return segments ? tg_checkpoint(tape, fused_whole, s, s->x) : fused_whole(s, 0, s->x);
+}
+
+/* The forward keeps no intermediate: the lean forward is the forward. */
+static tg_tensor *fused_forward_lean(void *p, tg_tape *tape, int segments, tg_tensor **owned)
+{
+    return *owned = tg_scope_keep(fused_forward(p, tape, segments));
+}
+
+const bench_workload bench_wl_fused = {
+    .name = "fused",
+    .desc = "elementwise's loss as one fused call (tg_fused_sum), x 1M f32",
+    .check_tol = 1e-4,
+    .gemm_desc = "no GEMMs: one fused pass of tapegrad's vector kernels over 2048-float chunks",
+    .baseline = "fused pass",
+    .setup = fused_setup,
+    .params = elem_params,
+    .forward = fused_forward,
+    .gemm = elem_fused,
+    .reference = elem_reference,
+    .check_grad = elem_check_grad,
+    .forward_lean = fused_forward_lean,
+    .teardown = elem_teardown,
+};
 
 const bench_workload bench_wl_elementwise = {
     .name = "elementwise",
