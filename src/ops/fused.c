@@ -16,10 +16,12 @@
  * recorded, the values the steps' backward reads (a map's output or
  * operand, a product's operands: what the ops would keep) go to one saved
  * tensor instead of a buffer, block after block. tg_fused_sum's forward
- * sums the last step's blocks instead of writing them where it can. Recomputing them in backward instead kept
- * less but ran slower here (fwd+bwd of the elementwise chain at 0.95 of
- * the ops' time against 0.76 kept, medians of 15 rounds on one thread):
- * tanh and sigmoid cost more than reading their values back.
+ * sums the last step's blocks instead of writing them where it can.
+ * Recomputing the kept values in backward instead kept less but ran
+ * slower here (fwd+bwd of the elementwise chain at 0.95 of the ops' time
+ * against 0.76 kept, medians of 15 rounds on one thread; recomputing only
+ * a map of an input, sigmoid(x), 1.47-1.55x of the fused pass against
+ * 1.35-1.43x): tanh and sigmoid cost more than reading their values back.
  *
  * Backward: per block, the steps are differentiated from the last to the
  * first, as the sweep differentiates the ops one by one: the kernels each
@@ -229,8 +231,8 @@ typedef struct engine {
     char *scratch;                      /* per part: part_bytes */
     size_t part_bytes;
     /* Forward of a fused sum (cpu f32): the result is not written; each
-     * part adds its blocks' last values to its exact sum, while exok[part]
-     * holds (NULL: no sum). */
+     * part sums its blocks' last values by the exact pass and leaves the
+     * state in ex[part], exok[part] false where it failed (NULL: no sum). */
     tg__exact_sum *ex;
     bool *exok;
 } engine;
@@ -456,7 +458,7 @@ static void run_part(const engine *e, int part, int nparts, bool backward)
      * writing next to each other block by block share cache lines. */
     tg__exact_sum ex;
     bool exok = e->ex != NULL;
-    if (exok) tg__exact_sum_init(&ex);
+    tg__exact_sum_init(&ex);
     for (int64_t b = b0; b < b1; b++) {
         int64_t o = b * block, m = e->numel - o < block ? e->numel - o : block;
         if (backward) {
