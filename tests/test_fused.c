@@ -194,55 +194,91 @@ Test(fused, a_call_records_one_node_and_keeps_no_more_than_the_ops)
 
 /* ---- the fused sum: tg_fused_sum against tg_sum of the ops */
 
+/* How a sum's backward is run: the loss times scale (1: the loss's own
+ * seed, which finds the gradients a recorded fused sum made with its
+ * forward; else its forward runs again), on parameters of a set (their
+ * gradients land in the set's flat buffer) or plain leaves, once or twice
+ * over the same record (retained; the gradients add up). */
+typedef struct sum_run {
+    double scale;
+    bool params, twice;
+} sum_run;
+
 /* loss = sum(fc(in)) by the ops and tg_sum (sum_fused false) or by
- * tg_fused_sum, backward from 0.75 loss; the loss and the gradients (new
+ * tg_fused_sum, backward as sr says; the loss and the gradients (new
  * references). */
 static void run_sum(const fcase *fc, tg_fused *f, bool sum_fused, tg_tensor *const *in,
-                    tg_tensor **loss, tg_tensor **grads)
+                    const sum_run *sr, tg_tensor **loss, tg_tensor **grads)
 {
     tg_tape *tape = tg_tape_new(NULL);
+    tg_params *ps = sr->params ? tg_params_new() : NULL;
     tg_tensor *x[3];
-    for (int i = 0; i < fc->n; i++) {
-        x[i] = tg_add_scalar(tg_contiguous(tg_detach(in[i])), 0.0);
-        cr_assert(x[i]);
-        cr_assert_eq(tg_requires_grad(tape, x[i]), TG_OK, "%s", tg_last_error_message());
-    }
     tg_scope_begin();
+    for (int i = 0; i < fc->n; i++) {
+        if (ps) {
+            static const char *const names[] = {"a", "b", "c"};
+            x[i] = tg_params_add(ps, names[i], tg_tensor_dtype(in[i]), tg_tensor_ndim(in[i]),
+                                 tg_tensor_shape(in[i]));
+            cr_assert(x[i], "%s", tg_last_error_message());
+            size_t bytes = (size_t)tg_tensor_numel(in[i]) * (tg_tensor_dtype(in[i]) == TG_F32 ? 4 : 8);
+            cr_assert_eq(tg_tensor_copy_out(in[i], tg_tensor_data(x[i]), bytes), TG_OK);
+        } else {
+            x[i] = tg_scope_keep(tg_add_scalar(tg_contiguous(tg_detach(in[i])), 0.0));
+            cr_assert(x[i]);
+            cr_assert_eq(tg_requires_grad(tape, x[i]), TG_OK, "%s", tg_last_error_message());
+        }
+    }
+    if (ps) {
+        cr_assert_eq(tg_params_requires_grad(ps, tape), TG_OK);
+        cr_assert(tg_params_flat_grad(ps, tg_tensor_dtype(in[0])));
+    }
     tg_tensor *l = sum_fused ? tg_fused_sum(f, fc->n, x) : tg_sum(fc->fn(NULL, fc->n, x));
     cr_assert(l, "%s: %s", fc->name, tg_last_error_message());
     cr_expect_eq(tg_tensor_ndim(l), 0);
-    /* a seed other than 1 reaches the call */
-    cr_assert_eq(tg_backward(tg_mul_scalar(l, 0.75)), TG_OK, "%s: %s", fc->name,
-                 tg_last_error_message());
+    tg_tensor *seeded = sr->scale == 1.0 ? l : tg_mul_scalar(l, sr->scale);
+    tg_grad_opts keep = {.retain = true};
+    for (int k = 0; k < (sr->twice ? 2 : 1); k++)
+        cr_assert_eq(tg_backward_ex(seeded, NULL, sr->twice ? &keep : NULL), TG_OK, "%s: %s",
+                     fc->name, tg_last_error_message());
     *loss = tg_tensor_retain(l);
-    for (int i = 0; i < fc->n; i++) grads[i] = tg_tensor_retain(tg_grad(x[i]));
+    for (int i = 0; i < fc->n; i++) grads[i] = tg_contiguous(tg_grad(x[i])); /* a copy */
+    for (int i = 0; i < fc->n; i++) grads[i] = grads[i] ? tg_tensor_retain(grads[i]) : NULL;
     tg_scope_end();
     tg_tape_free(tape);
+    if (ps) {
+        tg_params_free(ps);
+    } else {
+        for (int i = 0; i < fc->n; i++) tg_tensor_release(x[i]);
+    }
 }
 
-/* The fused sum of fc on in against the ops' tg_sum: the loss and every
- * gradient bit for bit. */
+/* The fused sum of fc on in against the ops' tg_sum, run every way of
+ * sum_run: the loss and every gradient bit for bit. */
 static void expect_same_sum(const fcase *fc, tg_tensor *const *in, int threads, const char *what)
 {
     tg_fused *f = tg_fused_new(fc->fn, NULL, fc->n);
     cr_assert(f, "%s: %s", fc->name, tg_last_error_message());
     int prev = tg_num_threads();
     tg_set_num_threads(threads);
-    tg_tensor *lo, *lf, *go[3], *gf[3];
-    run_sum(fc, f, false, in, &lo, go);
-    run_sum(fc, f, true, in, &lf, gf);
-    tg_set_num_threads(prev);
-    cr_expect(same_bits(lo, lf), "%s %s, %d threads: the sum differs (%.17g vs %.17g)", fc->name,
-              what, threads, tu_item(lo), tu_item(lf));
-    for (int i = 0; i < fc->n; i++) {
-        if (go[i])
-            cr_expect(same_bits(go[i], gf[i]), "%s %s, %d threads: gradient %d differs",
-                      fc->name, what, threads, i);
-        tg_tensor_release(go[i]);
-        tg_tensor_release(gf[i]);
+    static const sum_run runs[] = {
+        {1.0, false, false}, {0.75, false, false}, {1.0, true, false}, {1.0, false, true}};
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        tg_tensor *lo, *lf, *go[3], *gf[3];
+        run_sum(fc, f, false, in, &runs[r], &lo, go);
+        run_sum(fc, f, true, in, &runs[r], &lf, gf);
+        cr_expect(same_bits(lo, lf), "%s %s, %d threads, run %zu: the sum differs (%.17g vs "
+                  "%.17g)", fc->name, what, threads, r, tu_item(lo), tu_item(lf));
+        for (int i = 0; i < fc->n; i++) {
+            if (go[i])
+                cr_expect(gf[i] && same_bits(go[i], gf[i]), "%s %s, %d threads, run %zu: "
+                          "gradient %d differs", fc->name, what, threads, r, i);
+            tg_tensor_release(go[i]);
+            tg_tensor_release(gf[i]);
+        }
+        tg_tensor_release(lo);
+        tg_tensor_release(lf);
     }
-    tg_tensor_release(lo);
-    tg_tensor_release(lf);
+    tg_set_num_threads(prev);
     tg_fused_free(f);
 }
 
@@ -315,6 +351,51 @@ Test(fused, a_fused_sum_of_values_not_exact_gives_the_chains_bits)
     cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
 }
 
+/* A recorded fused sum keeps its input's gradient for a seed of 1 (made
+ * with the forward) where the ops keep t and s; with more inputs needing
+ * gradients than values kept (x * y + z keeps none), it keeps nothing
+ * and its backward runs the forward again. Never more than the ops. */
+static tg_tensor *f_affine(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    return tg_add(tg_mul(in[0], in[1]), in[2]);
+}
+
+Test(fused, a_fused_sum_keeps_no_more_than_the_ops)
+{
+    const fcase chain = {"chain", f_chain, 1}, affine = {"affine", f_affine, 3};
+    const fcase *fcs[] = {&chain, &affine};
+    for (int c = 0; c < 2; c++) {
+        tg_fused *f = tg_fused_new(fcs[c]->fn, NULL, fcs[c]->n);
+        cr_assert(f);
+        size_t kept[2];
+        for (int fused = 0; fused < 2; fused++) {
+            tg_tape *tape = tg_tape_new(NULL);
+            tg_scope_begin();
+            tg_tensor *x[3];
+            for (int i = 0; i < fcs[c]->n; i++) {
+                x[i] = tg_full(TG_F32, 1, SHAPE(10000), 0.3 + 0.1 * i);
+                cr_assert_eq(tg_requires_grad(tape, x[i]), TG_OK);
+            }
+            tg_tensor *l = fused ? tg_fused_sum(f, fcs[c]->n, x)
+                                 : tg_sum(fcs[c]->fn(NULL, fcs[c]->n, x));
+            cr_assert(l, "%s", tg_last_error_message());
+            kept[fused] = tg_tape_saved_bytes(tape);
+            cr_expect_eq(tg_backward(l), TG_OK);
+            tg_scope_end();
+            tg_tape_free(tape);
+        }
+        cr_expect(kept[1] <= kept[0] + 4096, "%s: the fused sum keeps %zu bytes, the ops %zu",
+                  fcs[c]->name, kept[1], kept[0]);
+        if (c == 0)
+            cr_expect(kept[1] >= 40000 && kept[1] < 80000, "chain: %zu bytes, x's gradient "
+                      "is 40000", kept[1]);
+        else
+            cr_expect(kept[1] < 4096, "affine: %zu bytes kept, none expected", kept[1]);
+        tg_fused_free(f);
+    }
+}
+
 Test(fused, a_fused_sum_records_one_node_and_fails_as_a_call_does)
 {
     size_t mem0 = tg_mem_current_bytes();
@@ -339,6 +420,7 @@ Test(fused, a_fused_sum_records_one_node_and_fails_as_a_call_does)
     tg_tensor *l = tg_fused_sum(f, 1, &a);
     cr_assert(l, "%s", tg_last_error_message());
     cr_expect_eq(tg_tape_node_count(tape), 1);
+
     /* 6 * tanh(1.25) * sigmoid(0.5), and its gradient at 0.5:
      * s (1 - t^2) 2x + t s (1 - s) each */
     double t = tanh(1.25), s = 1 / (1 + exp(-0.5));

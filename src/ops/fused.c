@@ -37,8 +37,10 @@
  * maps' fused gradient ops are differentiable), so calls differentiate to
  * any order. */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/parallel.h"
 #include "core/pool.h"
@@ -193,22 +195,39 @@ static tg_status fused_sum_shape(const tg_op *op, const tg_op_attrs *a, tg_tenso
 
 /* The bytes a block of each value takes. A block's working set is about
  * a buffer per step, the seed and a contribution, the kept values, and
- * the inputs' slices and their gradients': where it fits the L1 cache at
- * 2 KiB a value or more, the largest power of two that fits is used (the
- * kernels' per-call cost grows below 2 KiB); where it does not, blocks
- * of 16 KiB, which keep it in L2. Measured on the elementwise chain and
- * on longer chains of 1 to 40 maps and products over 1M floats (see
- * docs/benchmarks.md, "Fused pointwise functions"). */
-#define L1_BYTES 24576
+ * the inputs' slices and their gradients'; forward and backward at once
+ * (fb), a buffer per step for each and no kept values. Where it fits the
+ * budget at 2 KiB a value or more, the largest power of two that fits is
+ * used (the kernels' per-call cost grows below 2 KiB); where it does not,
+ * blocks of 16 KiB, in L2. The budget: the L1 data cache for fb, half of
+ * it otherwise (the kept values stream through besides). Measured on the
+ * elementwise chain and on chains of 1 to 40 maps and products over 1M
+ * floats (docs/benchmarks.md, "Fused pointwise functions"). */
 #define SMALL_BLOCK 2048
 #define L2_BLOCK 16384
-static size_t block_bytes(const prog *pr)
+static size_t l1_bytes(void)
 {
-    size_t w = (size_t)pr->n + 2 + (size_t)pr->nkeep + 2 * (size_t)pr->nin + 1;
-    size_t fit = L1_BYTES / w;
+    static _Atomic size_t cached;
+    size_t v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (!v) {
+        long r = -1;
+#ifdef _SC_LEVEL1_DCACHE_SIZE
+        r = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
+        v = r >= 16384 && r <= (1L << 22) ? (size_t)r : 32768;
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+static size_t block_bytes(const prog *pr, bool fb)
+{
+    size_t n = (size_t)pr->n, io = 2 * (size_t)pr->nin + 1;
+    size_t w = fb ? 2 * n + 2 + io : n + 2 + (size_t)pr->nkeep + io;
+    size_t fit = (fb ? l1_bytes() : l1_bytes() / 2) / w;
     if (fit < SMALL_BLOCK) return L2_BLOCK;
     size_t b = SMALL_BLOCK;
-    while (2 * b <= fit) b *= 2;
+    while (2 * b <= fit && b < L2_BLOCK) b *= 2;
     return b;
 }
 
@@ -235,13 +254,18 @@ typedef struct engine {
      * state in ex[part], exok[part] false where it failed (NULL: no sum). */
     tg__exact_sum *ex;
     bool *exok;
+    /* Forward and backward block by block (a fused sum's gradient made
+     * with its forward, or remade): each block's backward reads the
+     * values its forward left in the buffers, seeded with gy1. */
+    bool fb;
 } engine;
 
 /* A part's blocks: forward, a value per step; backward, a gradient per
- * step, the broadcast seed and a contribution. */
+ * step, the broadcast seed and a contribution; both at once (fb), all. */
 static size_t part_bytes(const engine *e, bool backward)
 {
-    return e->bbytes * ((size_t)e->pr->n + (backward ? 2 : 0));
+    size_t n = (size_t)e->pr->n;
+    return e->bbytes * (n + (backward || e->fb ? 2 : 0) + (e->fb ? n : 0));
 }
 
 static void binary_block(tg_kernel_id kid, const engine *e, int64_t m, const void *a,
@@ -361,14 +385,15 @@ static void contrib_pass(bgrad *bg, int r, const char *c)
 }
 
 static void backward_block(const engine *e, char *const *grad, const char *gyb, char *tmp,
-                           int64_t o, int64_t m)
+                           int64_t o, int64_t m, char *const *fvp)
 {
     const prog *pr = e->pr;
     bgrad bg;
     bg.e = e, bg.grad = grad, bg.tmp = tmp, bg.o = o, bg.m = m;
     memset(bg.gp, 0, (size_t)(pr->nin + pr->n) * sizeof bg.gp[0]); /* the refs there are */
     char *vp[TG_FUSED_MAX_OPS]; /* what the steps' gradients read was kept */
-    for (int j = 0; j < pr->n; j++) vp[j] = pr->keep[j] ? kept(e, j, o, m) : NULL;
+    for (int j = 0; j < pr->n; j++)
+        vp[j] = fvp ? fvp[j] : pr->keep[j] ? kept(e, j, o, m) : NULL;
     /* The seed: the call's gradient, or one value broadcast (gyb). */
     bg.gp[pr->nin + pr->n - 1] = e->gy ? e->gy + (size_t)o * e->es : gyb;
     for (int j = pr->n - 1; j >= 0; j--) {
@@ -448,11 +473,15 @@ static void run_part(const engine *e, int part, int nparts, bool backward)
     const int64_t block = e->block;
     int64_t b0 = e->nblocks * part / nparts, b1 = e->nblocks * (part + 1) / nparts;
     char *base = e->scratch + e->part_bytes * (size_t)part;
-    char *buf[TG_FUSED_MAX_OPS]; /* forward: the values; backward: the gradients */
-    size_t blk = e->bbytes;
-    for (int j = 0; j < pr->n; j++) buf[j] = base + blk * (size_t)j;
-    char *gyb = base + blk * (size_t)pr->n, *tmp = gyb + blk;
-    if (backward && !e->gy) /* the broadcast seed, once for the part */
+    /* forward: the values; backward: the gradients; both (fb): apart */
+    char *buf[TG_FUSED_MAX_OPS], *gbuf[TG_FUSED_MAX_OPS];
+    size_t blk = e->bbytes, nval = e->fb ? (size_t)pr->n : 0;
+    for (int j = 0; j < pr->n; j++) {
+        buf[j] = base + blk * (size_t)j;
+        gbuf[j] = base + blk * (nval + (size_t)j);
+    }
+    char *gyb = base + blk * (nval + (size_t)pr->n), *tmp = gyb + blk;
+    if ((backward || e->fb) && !e->gy) /* the broadcast seed, once for the part */
         ((tg_fill_fn)tg__kernel(TG_K_FILL, e->be, e->dt))(block, gyb, e->gy1);
     /* The part's sum on its own stack, stored once at the end: parts
      * writing next to each other block by block share cache lines. */
@@ -462,11 +491,12 @@ static void run_part(const engine *e, int part, int nparts, bool backward)
     for (int64_t b = b0; b < b1; b++) {
         int64_t o = b * block, m = e->numel - o < block ? e->numel - o : block;
         if (backward) {
-            backward_block(e, buf, gyb, tmp, o, m);
+            backward_block(e, gbuf, gyb, tmp, o, m, NULL);
         } else {
             char *vp[TG_FUSED_MAX_OPS];
             forward_block(e, buf, vp, o, m, e->out ? e->out + (size_t)o * e->es : NULL);
             if (exok) exok = tg__exact_sum_add(&ex, (const float *)vp[pr->n - 1], m, e->numel);
+            if (e->fb) backward_block(e, gbuf, gyb, tmp, o, m, vp);
         }
     }
     if (e->ex) {
@@ -516,6 +546,18 @@ static bool run(engine *e, bool backward)
     return true;
 }
 
+/* Sets the engine's mode (fb: forward and backward block by block) and
+ * the block size that goes with it. */
+static void engine_mode(engine *e, bool fb)
+{
+    e->fb = fb;
+    e->bbytes = block_bytes(e->pr, fb);
+    e->block = (int64_t)(e->bbytes / e->es);
+    e->bc = (tg_bcast){.ndim = 1, .n = e->block, .shape = {e->block}, .sa = {1}, .sb = {1},
+                       .same = true};
+    e->nblocks = (e->numel + e->block - 1) / e->block;
+}
+
 static void engine_init(engine *e, const prog *pr, const tg_tensor *x0, tg_tensor *const *in)
 {
     memset(e, 0, sizeof *e);
@@ -524,11 +566,7 @@ static void engine_init(engine *e, const prog *pr, const tg_tensor *x0, tg_tenso
     e->dt = x0->dtype;
     e->es = tg__esize(x0->dtype);
     e->numel = x0->numel;
-    e->bbytes = block_bytes(pr);
-    e->block = (int64_t)(e->bbytes / e->es);
-    e->bc = (tg_bcast){.ndim = 1, .n = e->block, .shape = {e->block}, .sa = {1}, .sb = {1},
-                       .same = true};
-    e->nblocks = (e->numel + e->block - 1) / e->block;
+    engine_mode(e, false);
     for (int i = 0; i < pr->nin; i++) e->in[i] = tg__tensor_ptr(in[i]);
 }
 
@@ -597,11 +635,26 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     int nin = ctx->op->arity - 1;
     prog pr;
     if (decode(ctx->op, in[nin], nin, &pr)) return NULL;
-    tg_tensor *y = tg_op_ctx_new_output(ctx), *sv = NULL, *full = NULL;
+    tg_tensor *y = tg_op_ctx_new_output(ctx), *full = NULL, *g[TG_FUSED_MAX_INPUTS] = {NULL};
     if (!y) return NULL;
     engine e;
     engine_init(&e, &pr, in[0], in);
-    bool ok = new_saved(ctx, &pr, in[0], &e, &sv);
+    bool ok = true;
+    /* Recorded: the inputs' gradients for a seed of 1 (a loss's), made
+     * with the forward block by block and kept instead of the values the
+     * backward reads, where they are no more of them; otherwise nothing is
+     * kept and the backward runs the forward again. */
+    int ngrad = 0;
+    for (int i = 0; i < nin; i++) ngrad += (ctx->needs >> i) & 1;
+    if (ngrad && ngrad <= pr.nkeep) {
+        engine_mode(&e, true);
+        e.gy1 = 1.0;
+        for (int i = 0; ok && i < nin; i++) {
+            if (!(ctx->needs & (1u << i))) continue;
+            ok = (g[i] = tg__tensor_empty(in[i]->dtype, in[i]->ndim, in[i]->shape, e.be)) != NULL;
+            e.gin[i] = ok ? tg__tensor_ptr(g[i]) : NULL;
+        }
+    }
     bool exact = ok && e.be == TG_BACKEND_CPU && e.dt == TG_F32;
     int parts = parts_of(&e);
     if (exact) {
@@ -617,7 +670,8 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         ok = (full = tg__tensor_empty(in[0]->dtype, in[0]->ndim, in[0]->shape, e.be)) != NULL;
         e.out = ok ? tg__tensor_ptr(full) : NULL;
     }
-    ok = ok && run(&e, false) && keep_saved(ctx, sv);
+    ok = ok && run(&e, false);
+    for (int i = 0; ok && i < nin; i++) ok = keep_saved(ctx, g[i]);
     if (ok && exact) {
         bool sum_ok = true;
         for (int p = 0; p < parts; p++) sum_ok = sum_ok && e.exok[p];
@@ -626,11 +680,9 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         if (sum_ok) {
             *(float *)tg__tensor_ptr(y) = (float)tg__exact_sum_value(&e.ex[0]);
         } else { /* the result once more, written, and tg_sum's own sum of it */
+            engine_init(&e, &pr, in[0], in);
             ok = (full = tg__tensor_empty(in[0]->dtype, in[0]->ndim, in[0]->shape, e.be)) != NULL;
             e.out = ok ? tg__tensor_ptr(full) : NULL;
-            e.saved = NULL;
-            free(e.ex);
-            e.ex = NULL;
             ok = ok && run(&e, false);
         }
     }
@@ -638,7 +690,7 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     free(e.ex);
     free(e.exok);
     tg_tensor_release(full);
-    tg_tensor_release(sv);
+    for (int i = 0; i < nin; i++) tg_tensor_release(g[i]);
     if (!ok) {
         tg_tensor_release(y);
         return NULL;
@@ -723,6 +775,42 @@ static bool one_value_bcast(const tg_tensor *g)
     return true;
 }
 
+/* A fused sum's backward (not recorded). Seeded with 1 (a loss's), the
+ * gradients its forward made are the answer; with another seed, or where
+ * they are gone, the forward runs again block by block, each block's
+ * backward seeded with it. */
+static tg_status fused_sum_bwd(tg_op_ctx *ctx, const prog *pr, tg_tensor *const *in,
+                               tg_tensor *gout, tg_tensor **gin)
+{
+    const void *p = tg__tensor_ptr(gout);
+    double g1 = gout->dtype == TG_F32 ? *(const float *)p : *(const double *)p;
+    tg_tensor *made[TG_FUSED_MAX_INPUTS] = {NULL};
+    bool have = g1 == 1.0;
+    for (int i = 0, k = 0; have && i < pr->nin; i++) {
+        if (!tg_op_ctx_needs_grad(ctx, i)) continue;
+        made[i] = tg_op_ctx_saved(ctx, k++);
+        have = made[i] && made[i]->numel == in[i]->numel && made[i]->dtype == in[i]->dtype;
+    }
+    engine e;
+    engine_init(&e, pr, in[0], in);
+    engine_mode(&e, true);
+    e.gy1 = g1;
+    for (int i = 0; i < pr->nin; i++) {
+        if (!tg_op_ctx_needs_grad(ctx, i)) continue;
+        if (have && !(ctx->sink && ctx->sink[i])) { /* handed on whole */
+            gin[i] = tg__scope_track(tg_tensor_retain(made[i]));
+            continue;
+        }
+        gin[i] = tg_op_ctx_new_grad(ctx, i); /* a leaf's sink where one is offered */
+        if (!gin[i]) return tg_last_error();
+        if (have)
+            memcpy(tg__tensor_ptr(gin[i]), tg__tensor_ptr(made[i]), (size_t)in[i]->numel * e.es);
+        else
+            e.gin[i] = tg__tensor_ptr(gin[i]);
+    }
+    return have || run(&e, false) ? TG_OK : tg_last_error();
+}
+
 static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
 {
     int nin = ctx->op->arity - 1;
@@ -743,6 +831,7 @@ static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
         }
         return recorded_bwd(ctx, &pr, in, gout, gin);
     }
+    if (sum) return fused_sum_bwd(ctx, &pr, in, gout, gin);
     engine e;
     engine_init(&e, &pr, in[0], in);
     if (pr.nkeep) {
@@ -752,9 +841,9 @@ static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
                            ctx->op->name);
         e.saved = tg__tensor_ptr(sv);
     }
-    if (gout->contiguous && !sum) {
+    if (gout->contiguous) {
         e.gy = tg__tensor_ptr(gout);
-    } else if (sum || one_value_bcast(gout)) {
+    } else if (one_value_bcast(gout)) {
         const void *p = tg__tensor_ptr(gout); /* one value, broadcast */
         e.gy1 = gout->dtype == TG_F32 ? *(const float *)p : *(const double *)p;
     } else {
