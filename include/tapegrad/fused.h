@@ -63,7 +63,11 @@ tg_tensor *tg_fused_call(const tg_fused *f, int n, tg_tensor *const *in);
  * they are made when the values can be shown to sum exactly (what
  * tg_sum's fast pass needs); otherwise, and for f64, the result is
  * written and summed as tg_sum sums it, which costs one more forward
- * pass where the first could not show it. */
+ * pass where the first could not show it. Recorded, the forward also
+ * makes the inputs' gradients for a seed of 1 and keeps them (where they
+ * are no more than the values the backward would read): a loss's
+ * backward then only hands them on; another seed runs the forward again.
+ * The gradients are bitwise those of tg_sum(tg_fused_call(...)). */
 tg_tensor *tg_fused_sum(const tg_fused *f, int n, tg_tensor *const *in);
 /* The number of ops in the compiled program (fn's ops that reach its
  * result); 0 for NULL. */

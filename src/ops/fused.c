@@ -775,6 +775,34 @@ static bool one_value_bcast(const tg_tensor *g)
     return true;
 }
 
+/* A copy split across the pool as run() splits an engine's blocks, so
+ * each thread copies what it wrote in the forward. */
+typedef struct copy_job {
+    const engine *e;
+    char *dst;
+    const char *src;
+} copy_job;
+
+static void copy_part(void *ctx, int part, int nparts)
+{
+    const copy_job *j = ctx;
+    const engine *e = j->e;
+    int64_t b0 = e->nblocks * part / nparts, b1 = e->nblocks * (part + 1) / nparts;
+    int64_t o0 = b0 * e->block, o1 = b1 * e->block < e->numel ? b1 * e->block : e->numel;
+    if (o1 > o0) memcpy(j->dst + (size_t)o0 * e->es, j->src + (size_t)o0 * e->es,
+                        (size_t)(o1 - o0) * e->es);
+}
+
+static void copy_split(const engine *e, void *dst, const void *src)
+{
+    copy_job j = {e, dst, src};
+    int parts = e->numel ? parts_of(e) : 1;
+    if (parts == 1)
+        copy_part(&j, 0, 1);
+    else
+        tg__pool_run(copy_part, &j, parts);
+}
+
 /* A fused sum's backward (not recorded). Seeded with 1 (a loss's), the
  * gradients its forward made are the answer; with another seed, or where
  * they are gone, the forward runs again block by block, each block's
@@ -804,7 +832,7 @@ static tg_status fused_sum_bwd(tg_op_ctx *ctx, const prog *pr, tg_tensor *const 
         gin[i] = tg_op_ctx_new_grad(ctx, i); /* a leaf's sink where one is offered */
         if (!gin[i]) return tg_last_error();
         if (have)
-            memcpy(tg__tensor_ptr(gin[i]), tg__tensor_ptr(made[i]), (size_t)in[i]->numel * e.es);
+            copy_split(&e, tg__tensor_ptr(gin[i]), tg__tensor_ptr(made[i]));
         else
             e.gin[i] = tg__tensor_ptr(gin[i]);
     }
