@@ -680,7 +680,9 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         if (sum_ok) {
             *(float *)tg__tensor_ptr(y) = (float)tg__exact_sum_value(&e.ex[0]);
         } else { /* the result once more, written, and tg_sum's own sum of it */
-            engine_init(&e, &pr, in[0], in);
+            free(e.ex);
+            free(e.exok);
+            engine_init(&e, &pr, in[0], in); /* e.ex, e.exok NULL */
             ok = (full = tg__tensor_empty(in[0]->dtype, in[0]->ndim, in[0]->shape, e.be)) != NULL;
             e.out = ok ? tg__tensor_ptr(full) : NULL;
             ok = ok && run(&e, false);
