@@ -3,8 +3,9 @@
  * The binaries are found through the environment (TG_EXAMPLE_CUSTOM_OP,
  * TG_EXAMPLE_TRAIN_MLP, TG_EXAMPLE_DIGITS_MLP, TG_EXAMPLE_DIGITS_CNN,
  * TG_EXAMPLE_SEQ_LSTM, TG_EXAMPLE_GRADIENT_PENALTY, TG_EXAMPLE_NEWTON_LOGREG,
- * TG_EXAMPLE_JACOBIAN, set by tests/meson.build) or, when unset, next to
- * this test in the build tree (<build>/examples/<name>). The digits
+ * TG_EXAMPLE_JACOBIAN, TG_EXAMPLE_FUSED_ACTIVATION, set by tests/meson.build)
+ * or, when unset, next to this test in the build tree
+ * (<build>/examples/<name>). The digits
  * examples find data/digits.csv.gz through the source data dir compiled
  * into them, whatever the working directory. */
 #include <errno.h>
@@ -68,6 +69,14 @@ Test(examples, train_mlp_lowers_the_loss_in_a_short_run)
     char *args[] = {"--steps", "40", NULL};
     example_path("TG_EXAMPLE_TRAIN_MLP", "example_train_mlp", path, sizeof path);
     cr_assert_eq(run(path, args), 0, "%s --steps 40 did not exit 0", path);
+}
+
+Test(examples, fused_activation_trains_as_the_ops_do_bit_for_bit)
+{
+    char path[PATH_MAX + 64];
+    char *args[] = {"--steps", "30", NULL};
+    example_path("TG_EXAMPLE_FUSED_ACTIVATION", "example_fused_activation", path, sizeof path);
+    cr_assert_eq(run(path, args), 0, "%s --steps 30 did not exit 0", path);
 }
 
 Test(examples, train_mlp_rejects_a_step_count_below_one)
