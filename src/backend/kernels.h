@@ -156,6 +156,11 @@ TG_INTERNAL void tg__exact_sum_init(tg__exact_sum *s);
 TG_INTERNAL bool tg__exact_sum_add(tg__exact_sum *s, const float *x, int64_t len, int64_t n);
 TG_INTERNAL bool tg__exact_sum_merge(tg__exact_sum *into, const tg__exact_sum *from, int64_t n);
 TG_INTERNAL double tg__exact_sum_value(const tg__exact_sum *s);
+/* The row's sum from nparts parts' states (ok[p]: what add returned for
+ * part p): true and *out where every part held and so does their merge
+ * (merged into part[0]); false, *out untouched, else. */
+TG_INTERNAL bool tg__exact_sum_parts(tg__exact_sum *part, const bool *ok, int nparts, int64_t n,
+                                     double *out);
 
 /* Dim kernels see x as (outer, n, inner) and work along n (logsumexp and
  * the softmax family too). */

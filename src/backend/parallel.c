@@ -296,10 +296,9 @@ void tg__run_sum(const tg_reduce *r, const tg_tensor *x, void *y)
         j->x = tg__tensor_ptr(x);
         j->n = n;
         tg__pool_run(sum_part, j, parts);
-        for (int p = 0; p < j->nparts && ok; p++) ok = j->ok[p];
-        for (int p = 1; p < j->nparts && ok; p++)
-            ok = tg__exact_sum_merge(&j->part[0], &j->part[p], n);
-        if (ok) *(float *)y = (float)tg__exact_sum_value(&j->part[0]);
+        double v;
+        ok = tg__exact_sum_parts(j->part, j->ok, j->nparts, n, &v);
+        if (ok) *(float *)y = (float)v;
     }
     free(j);
     if (!ok) k(r, tg__tensor_ptr(x), y);

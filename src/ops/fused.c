@@ -465,13 +465,21 @@ static void backward_block(const engine *e, char *const *grad, const char *gyb, 
     }
 }
 
+/* The blocks [*b0, *b1) of part `part` of `nparts`. */
+static void part_blocks(const engine *e, int part, int nparts, int64_t *b0, int64_t *b1)
+{
+    *b0 = e->nblocks * part / nparts;
+    *b1 = e->nblocks * (part + 1) / nparts;
+}
+
 /* Part `part` of `nparts` of the blocks, on one thread, with its own
  * buffers (the pool may run fewer parts than were asked for, never more). */
 static void run_part(const engine *e, int part, int nparts, bool backward)
 {
     const prog *pr = e->pr;
     const int64_t block = e->block;
-    int64_t b0 = e->nblocks * part / nparts, b1 = e->nblocks * (part + 1) / nparts;
+    int64_t b0, b1;
+    part_blocks(e, part, nparts, &b0, &b1);
     char *base = e->scratch + e->part_bytes * (size_t)part;
     /* forward: the values; backward: the gradients; both (fb): apart */
     char *buf[TG_FUSED_MAX_OPS], *gbuf[TG_FUSED_MAX_OPS];
@@ -624,6 +632,16 @@ static void sum_all(const tg_tensor *x, tg_tensor *y)
     tg__run_sum(&r, x, tg__tensor_ptr(y));
 }
 
+/* A new tensor for the engine's result (x0's dtype, shape, backend) in
+ * *full, which the engine writes; false (error recorded) if it cannot be
+ * had. */
+static bool write_result(engine *e, const tg_tensor *x0, tg_tensor **full)
+{
+    *full = tg__tensor_empty(x0->dtype, x0->ndim, x0->shape, x0->backend);
+    e->out = *full ? tg__tensor_ptr(*full) : NULL;
+    return *full != NULL;
+}
+
 /* The forward writes no result where it can: on the cpu in f32 each part
  * sums its blocks' results in the exact pass (backend/cpu/reduce.c),
  * whose value, when it succeeds, is the bits tg_sum gives (every order of
@@ -656,41 +674,31 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         }
     }
     bool exact = ok && e.be == TG_BACKEND_CPU && e.dt == TG_F32;
+    tg__exact_sum ex[TG_POOL_MAX_THREADS]; /* each part's, for the exact sum */
+    bool exok[TG_POOL_MAX_THREADS];
     int parts = parts_of(&e);
     if (exact) {
-        e.ex = malloc((size_t)parts * sizeof *e.ex);
-        e.exok = malloc((size_t)parts * sizeof *e.exok);
-        ok = e.ex && e.exok;
-        if (!ok) tg__err(TG_ERR_NOMEM, "out of memory for a fused sum's %d parts", parts);
-        for (int p = 0; ok && p < parts; p++) {
-            tg__exact_sum_init(&e.ex[p]);
-            e.exok[p] = true;
+        e.ex = ex;
+        e.exok = exok;
+        for (int p = 0; p < parts; p++) {
+            tg__exact_sum_init(&ex[p]);
+            exok[p] = true;
         }
     } else if (ok) {
-        ok = (full = tg__tensor_empty(in[0]->dtype, in[0]->ndim, in[0]->shape, e.be)) != NULL;
-        e.out = ok ? tg__tensor_ptr(full) : NULL;
+        ok = write_result(&e, in[0], &full);
     }
     ok = ok && run(&e, false);
     for (int i = 0; ok && i < nin; i++) ok = keep_saved(ctx, g[i]);
+    double v;
     if (ok && exact) {
-        bool sum_ok = true;
-        for (int p = 0; p < parts; p++) sum_ok = sum_ok && e.exok[p];
-        for (int p = 1; sum_ok && p < parts; p++)
-            sum_ok = tg__exact_sum_merge(&e.ex[0], &e.ex[p], e.numel);
-        if (sum_ok) {
-            *(float *)tg__tensor_ptr(y) = (float)tg__exact_sum_value(&e.ex[0]);
+        if (tg__exact_sum_parts(ex, exok, parts, e.numel, &v)) {
+            *(float *)tg__tensor_ptr(y) = (float)v;
         } else { /* the result once more, written, and tg_sum's own sum of it */
-            free(e.ex);
-            free(e.exok);
-            engine_init(&e, &pr, in[0], in); /* e.ex, e.exok NULL */
-            ok = (full = tg__tensor_empty(in[0]->dtype, in[0]->ndim, in[0]->shape, e.be)) != NULL;
-            e.out = ok ? tg__tensor_ptr(full) : NULL;
-            ok = ok && run(&e, false);
+            engine_init(&e, &pr, in[0], in);
+            ok = write_result(&e, in[0], &full) && run(&e, false);
         }
     }
     if (ok && full) sum_all(full, y);
-    free(e.ex);
-    free(e.exok);
     tg_tensor_release(full);
     for (int i = 0; i < nin; i++) tg_tensor_release(g[i]);
     if (!ok) {
@@ -769,6 +777,13 @@ static tg_status recorded_bwd(tg_op_ctx *ctx, const prog *pr, tg_tensor *const *
     return TG_OK;
 }
 
+/* The value at t's data pointer (a float dtype), as a double. */
+static double first_value(const tg_tensor *t)
+{
+    const void *p = tg__tensor_ptr(t);
+    return t->dtype == TG_F32 ? *(const float *)p : *(const double *)p;
+}
+
 /* Whether g is one value broadcast (every stride 0 where a dim is not 1). */
 static bool one_value_bcast(const tg_tensor *g)
 {
@@ -789,7 +804,8 @@ static void copy_part(void *ctx, int part, int nparts)
 {
     const copy_job *j = ctx;
     const engine *e = j->e;
-    int64_t b0 = e->nblocks * part / nparts, b1 = e->nblocks * (part + 1) / nparts;
+    int64_t b0, b1;
+    part_blocks(e, part, nparts, &b0, &b1);
     int64_t o0 = b0 * e->block, o1 = b1 * e->block < e->numel ? b1 * e->block : e->numel;
     if (o1 > o0) memcpy(j->dst + (size_t)o0 * e->es, j->src + (size_t)o0 * e->es,
                         (size_t)(o1 - o0) * e->es);
@@ -812,8 +828,7 @@ static void copy_split(const engine *e, void *dst, const void *src)
 static tg_status fused_sum_bwd(tg_op_ctx *ctx, const prog *pr, tg_tensor *const *in,
                                tg_tensor *gout, tg_tensor **gin)
 {
-    const void *p = tg__tensor_ptr(gout);
-    double g1 = gout->dtype == TG_F32 ? *(const float *)p : *(const double *)p;
+    double g1 = first_value(gout);
     tg_tensor *made[TG_FUSED_MAX_INPUTS] = {NULL};
     bool have = g1 == 1.0;
     for (int i = 0, k = 0; have && i < pr->nin; i++) {
@@ -874,8 +889,7 @@ static tg_status fused_bwd(tg_op_ctx *ctx, tg_tensor *gout, tg_tensor **gin)
     if (gout->contiguous) {
         e.gy = tg__tensor_ptr(gout);
     } else if (one_value_bcast(gout)) {
-        const void *p = tg__tensor_ptr(gout); /* one value, broadcast */
-        e.gy1 = gout->dtype == TG_F32 ? *(const float *)p : *(const double *)p;
+        e.gy1 = first_value(gout); /* one value, broadcast */
     } else {
         tg_tensor *c = tg_contiguous(gout);
         if (!c) return tg_last_error();

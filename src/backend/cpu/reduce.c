@@ -134,6 +134,17 @@ double tg__exact_sum_value(const tg__exact_sum *s)
     return lane[0];
 }
 
+bool tg__exact_sum_parts(tg__exact_sum *part, const bool *ok, int nparts, int64_t n,
+                         double *out)
+{
+    for (int p = 0; p < nparts; p++)
+        if (!ok[p]) return false;
+    for (int p = 1; p < nparts; p++)
+        if (!tg__exact_sum_merge(&part[0], &part[p], n)) return false;
+    *out = tg__exact_sum_value(&part[0]);
+    return true;
+}
+
 bool tg__row_sum_exact_f32(const float *x, int64_t n, double *out)
 {
     tg__exact_sum s;
