@@ -270,17 +270,25 @@ static tg_params *elem_params(void *p)
     return ((elem_st *)p)->ps;
 }
 
-/* Sequenced, since C leaves the order of a call's arguments open: the
- * sigmoid first (the order GCC gave the nested call this replaced, so the
- * recorded tape, and with it the bits of the gradient, stay as they
- * were), and the same order as elem_lean. */
+/* tanh(x*x + 1) * sigmoid(x), sequenced, since C leaves the order of a
+ * call's arguments open: the sigmoid first (the order GCC gave the nested
+ * call this replaced, so the recorded tape, and with it the bits of the
+ * gradient, stay as they were), and the same order as elem_lean. Also the
+ * fused workload's function (a tg_fused_fn). */
+static tg_tensor *elem_fn(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *x = in[0];
+    tg_tensor *sg = tg_sigmoid(x);
+    tg_tensor *t = tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0));
+    return tg_mul(t, sg);
+}
+
 static tg_tensor *elem_whole(void *p, int layer, tg_tensor *x)
 {
     (void)p;
     (void)layer;
-    tg_tensor *sg = tg_sigmoid(x);
-    tg_tensor *t = tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0));
-    return tg_sum(tg_mul(t, sg));
+    return tg_sum(elem_fn(NULL, 1, &x));
 }
 
 static tg_tensor *elem_forward(void *p, tg_tape *tape, int segments)
@@ -398,19 +406,10 @@ static void elem_fused(void *p, bool backward)
 }
 
 /* ---- fused: the same loss through a fused function, tg_fused_sum of
- * elem_fn: one recorded node whose forward keeps t and s block by block
- * and writes no intermediate, and whose backward runs block by block
- * (include/tapegrad/fused.h). elem_fn applies the ops in elem_whole's
- * order, so the loss and the gradient are elementwise's, bit for bit. */
-static tg_tensor *elem_fn(void *ud, int n, tg_tensor *const *in)
-{
-    (void)ud, (void)n;
-    tg_tensor *x = in[0];
-    tg_tensor *sg = tg_sigmoid(x);
-    tg_tensor *t = tg_tanh(tg_add_scalar(tg_mul(x, x), 1.0));
-    return tg_mul(t, sg);
-}
-
+ * elem_fn (the ops elem_whole sums): one recorded node that writes no
+ * intermediate and, recorded, makes x's gradient with its forward
+ * (include/tapegrad/fused.h); the loss and the gradient are elementwise's,
+ * bit for bit. */
 static void *fused_setup(char *err, size_t errlen)
 {
     elem_st *s = elem_setup(err, errlen);
