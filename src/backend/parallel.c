@@ -303,3 +303,11 @@ void tg__run_sum(const tg_reduce *r, const tg_tensor *x, void *y)
     free(j);
     if (!ok) k(r, tg__tensor_ptr(x), y);
 }
+
+void tg__run_sum_all(const tg_tensor *x, void *y)
+{
+    tg_reduce r = {.ndim = x->ndim};
+    memcpy(r.shape, x->shape, sizeof r.shape);
+    for (int d = 0; d < x->ndim; d++) r.reduce[d] = true;
+    tg__run_sum(&r, x, y);
+}

@@ -43,5 +43,7 @@ TG_INTERNAL void tg__add_into(tg_tensor *dst, const tg_tensor *src);
  * parts, merged: the kernel's bits; the kernel itself where the row cannot
  * be shown exact). */
 TG_INTERNAL void tg__run_sum(const tg_reduce *r, const tg_tensor *x, void *y);
+/* tg__run_sum over every dim of x (contiguous): its one sum into y. */
+TG_INTERNAL void tg__run_sum_all(const tg_tensor *x, void *y);
 
 #endif

@@ -623,15 +623,6 @@ static tg_tensor *fused_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 
 /* ---- a fused sum: y = sum(f(x)), bitwise tg_sum(tg_fused_call(...)) */
 
-/* The whole-tensor sum of x into y's one value, as tg_sum runs it. */
-static void sum_all(const tg_tensor *x, tg_tensor *y)
-{
-    tg_reduce r = {.ndim = x->ndim};
-    memcpy(r.shape, x->shape, sizeof r.shape);
-    for (int d = 0; d < x->ndim; d++) r.reduce[d] = true;
-    tg__run_sum(&r, x, tg__tensor_ptr(y));
-}
-
 /* A new tensor for the engine's result (x0's dtype, shape, backend) in
  * *full, which the engine writes; false (error recorded) if it cannot be
  * had. */
@@ -698,7 +689,7 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
             ok = write_result(&e, in[0], &full) && run(&e, false);
         }
     }
-    if (ok && full) sum_all(full, y);
+    if (ok && full) tg__run_sum_all(full, tg__tensor_ptr(y)); /* as tg_sum sums it */
     tg_tensor_release(full);
     for (int i = 0; i < nin; i++) tg_tensor_release(g[i]);
     if (!ok) {

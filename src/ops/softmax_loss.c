@@ -356,10 +356,7 @@ static tg_tensor *mse_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     tg__bcast_desc(&ds, a, b, &bc);
     TG_KERNEL(tg_binary_fn, TG_K_SUB, a)(&bc, tg__tensor_ptr(a), tg__tensor_ptr(b), tg__tensor_ptr(d));
     TG_KERNEL(tg_binary_fn, TG_K_MUL, a)(&bc, tg__tensor_ptr(d), tg__tensor_ptr(d), tg__tensor_ptr(d));
-    tg_reduce r = {.ndim = a->ndim};
-    memcpy(r.shape, a->shape, sizeof r.shape);
-    for (int i = 0; i < a->ndim; i++) r.reduce[i] = true;
-    tg__run_sum(&r, d, tg__tensor_ptr(loss));
+    tg__run_sum_all(d, tg__tensor_ptr(loss)); /* d has a's shape */
     double n = (double)a->numel;
     TG_KERNEL(tg_unary_fn, TG_K_MUL_SCALAR, a)(1, tg__tensor_ptr(loss), tg__tensor_ptr(loss),
                                                n ? 1.0 / n : 0.0);
