@@ -1,6 +1,5 @@
 /* Softmax and losses: softmax and log_softmax along a dim (attrs.ints[0]),
  * the fused cross-entropy over i64 class targets, and the MSE loss. */
-#include <string.h>
 
 #include "ops/helpers.h"
 
