@@ -12,6 +12,8 @@
  *            on this machine, the ceiling of N workers
  * Every step is zero_grad + forward + backward (+ reduce) + an SGD step
  * (fused into the reduce for the replicas: tg_replicas_opts.optim).
+ * With N > 1 the mlp's weight gradients are made in the reduce, from the
+ * workers' activations (replicas.h), so its reduce share includes them.
  * Ratios are medians of per-round ratios to 1w. Before timing, the N-worker
  * gradient is checked against the 1-worker one. The MPI counterpart runs
  * under mpirun (`tapegrad bench dp --mpi`, dist.c). */
@@ -146,6 +148,7 @@ typedef struct dp_ctx {
     int ntr;
     dp_apart apart_sync;
     double reduce_s[DP_MAX_VARIANTS], compute_s[DP_MAX_VARIANTS];
+    int deferred[DP_MAX_VARIANTS]; /* weights made in the reduce (last step) */
     long steps[DP_MAX_VARIANTS];
 } dp_ctx;
 
@@ -181,6 +184,7 @@ static tg_status dp_step(dp_ctx *c, int v)
     tg_status st = tg_replicas_step(c->rep[v], n, in, dp_loss, &c->m, NULL);
     double comp, red;
     tg_replicas_last_timing(c->rep[v], &comp, &red);
+    c->deferred[v] = tg_replicas_last_deferred(c->rep[v]);
     c->compute_s[v] += comp;
     c->reduce_s[v] += red;
     c->steps[v]++;
@@ -512,6 +516,9 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
         printf("  %-20s %10.3f ms/step %10.0f samples/s %7.2fx", what, stat_of[v].median / 1e6,
                (double)c.m.batch / (stat_of[v].median / 1e9), ratio_of[v]);
         if (!c.plain[v] && !c.apart[v]) printf("   reduce+update %4.1f%%", red);
+        if (!c.plain[v] && !c.apart[v] && c.deferred[v])
+            printf(" (with %d weight gradient%s made in it)", c.deferred[v],
+                   c.deferred[v] > 1 ? "s" : "");
         if (c.apart[v]) printf("   (the ceiling: no sharing, no reduce)");
         printf("%s\n", c.threads[v] > 1 ? "  (own rounds against 1 worker)" : "");
     }

@@ -62,6 +62,9 @@ static tg_tensor *hidden_layer(void *ud, int layer, tg_tensor *h)
 }
 
 static bool use_segments;
+/* Adds sum(W1 * W1) / 64 to the loss: the record then reads fc1's weight
+ * twice. */
+static bool use_penalty;
 
 static tg_tensor *mlp_loss(void *ud, const tg_replica_info *info, int n, tg_tensor *const *in)
 {
@@ -70,7 +73,12 @@ static tg_tensor *mlp_loss(void *ud, const tg_replica_info *info, int n, tg_tens
     cr_assert_eq(tg_tensor_dim(in[0], 0), info->rows);
     tg_tensor *h = use_segments ? tg_checkpoint(info->tape, hidden_layer, ud, in[0])
                                 : hidden_layer(ud, 0, in[0]);
-    return tg_cross_entropy(tg_linear_forward(m->l2, h), in[1]);
+    tg_tensor *loss = tg_cross_entropy(tg_linear_forward(m->l2, h), in[1]);
+    if (use_penalty) {
+        tg_tensor *w = tg_linear_weight(m->l1);
+        loss = tg_add(loss, tg_mul_scalar(tg_sum(tg_mul(w, w)), 1.0 / 64));
+    }
+    return loss;
 }
 
 /* The flat gradient of m after one backward over the whole batch on a
@@ -196,6 +204,102 @@ Test(replicas, two_workers_sum_the_halves_gradients_to_the_bit)
     free(half[0]);
     free(half[1]);
     model_free(&m);
+}
+
+/* The flat gradients of plain backwards over each of nw shards of m's
+ * batch, split as the replicas split it (caller frees each). */
+static void shard_grads(model *m, tg_dtype dt, int nw, double **g)
+{
+    int64_t rows = tg_tensor_dim(m->x, 0);
+    for (int k = 0; k < nw; k++) {
+        int64_t r0 = rows * k / nw, rk = rows * (k + 1) / nw - r0;
+        tg_tape *tape = tg_tape_new(NULL);
+        cr_assert_eq(tg_params_requires_grad(m->ps, tape), TG_OK);
+        tg_scope_begin();
+        tg_tensor *xs = tg_narrow(m->x, 0, r0, rk), *ys = tg_narrow(m->y, 0, r0, rk);
+        tg_replica_info info = {.workers = 1, .tape = tape, .rows = rk};
+        tg_tensor *loss = mlp_loss(m, &info, 2, (tg_tensor *[]){xs, ys});
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        tg_scope_end();
+        g[k] = flat_values(m->ps, dt, true);
+        tg_params_zero_grad(m->ps);
+        tg_tape_free(tape);
+    }
+}
+
+/* Deferred weight gradients (replicas.h): where a step makes a weight's
+ * gradient from the workers' activations in the reduce, the bits are
+ * those of s0 g0 + s1 g1 + ... taken in worker order over the shards'
+ * plain gradients, as where it does not; which steps defer. */
+Test(replicas, deferred_weight_gradients_keep_the_bits)
+{
+    static const struct {
+        int workers;
+        tg_grad_reduce reduce;
+        bool penalty, anomaly;
+        int deferred; /* parameters made from activations */
+    } cases[] = {
+        {2, TG_REDUCE_MEAN, false, false, 2}, {4, TG_REDUCE_MEAN, false, false, 2},
+        {3, TG_REDUCE_SUM, false, false, 2},  {3, TG_REDUCE_MEAN, false, false, 0},
+        {2, TG_REDUCE_MEAN, true, false, 1},  {2, TG_REDUCE_MEAN, false, true, 0},
+    };
+    hidden = 40;
+    for (int d = 0; d < 2; d++)
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            tg_dtype dt = d ? TG_F64 : TG_F32;
+            int nw = cases[c].workers;
+            use_penalty = cases[c].penalty;
+            model m;
+            model_new(&m, dt, 64, 40 + c);
+            int64_t n = tg_params_numel(m.ps), rows = 64;
+            double *g[4];
+            shard_grads(&m, dt, nw, g);
+            tg_replicas *r = tg_replicas_new(m.ps, &(tg_replicas_opts){
+                .workers = nw, .reduce = cases[c].reduce});
+            cr_assert(r, "%s", tg_last_error_message());
+            if (cases[c].anomaly)
+                cr_assert_eq(tg_tape_set_anomaly(tg_replicas_tape(r, 1), true), TG_OK);
+            for (int rep = 0; rep < 2; rep++) {
+                tg_params_zero_grad(m.ps);
+                cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m.x, m.y}, mlp_loss, &m, NULL),
+                             TG_OK, "%s", tg_last_error_message());
+                cr_assert_eq(tg_replicas_last_deferred(r), cases[c].deferred, "case %zu", c);
+                double *got = flat_values(m.ps, dt, true);
+                for (int64_t i = 0; i < n; i++) {
+                    double want;
+                    if (d) {
+                        double acc = 0;
+                        for (int k = 0; k < nw; k++) {
+                            int64_t rk = rows * (k + 1) / nw - rows * k / nw;
+                            double s = cases[c].reduce == TG_REDUCE_MEAN ? (double)rk / rows : 1;
+                            acc = k ? acc + s * g[k][i] : s * g[k][i];
+                        }
+                        want = acc;
+                    } else {
+                        float acc = 0;
+                        for (int k = 0; k < nw; k++) {
+                            int64_t rk = rows * (k + 1) / nw - rows * k / nw;
+                            float s = cases[c].reduce == TG_REDUCE_MEAN ? (float)rk / rows : 1;
+                            acc = k ? acc + s * (float)g[k][i] : s * (float)g[k][i];
+                        }
+                        want = acc;
+                    }
+                    cr_assert_eq(memcmp(&got[i], &want, sizeof want), 0,
+                                 "%s, case %zu, run %d, element %lld: %.17g vs %.17g",
+                                 tg_dtype_name(dt), c, rep, (long long)i, got[i], want);
+                }
+                free(got);
+            }
+            /* A second step adding to the gradients: nothing deferred. */
+            cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m.x, m.y}, mlp_loss, &m, NULL),
+                         TG_OK);
+            cr_assert_eq(tg_replicas_last_deferred(r), 0);
+            for (int k = 0; k < nw; k++) free(g[k]);
+            tg_replicas_free(r);
+            model_free(&m);
+        }
+    use_penalty = false;
+    hidden = 16;
 }
 
 Test(replicas, every_checkpoint_policy_gives_the_same_bits)
@@ -418,10 +522,12 @@ Test(replicas, fused_optimizer_update_gives_the_bits_of_optim_step)
 {
     const tg_dtype dts[2] = {TG_F32, TG_F64};
     const int64_t widths[2] = {16, 300};
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < 8; c++)
         for (int kind = 0; kind < TG_OPTIM_KIND_COUNT; kind++) {
             tg_dtype dt = dts[c % 2];
-            hidden = widths[c / 2];
+            hidden = widths[c / 2 % 2];
+            /* 3 workers sum whole gradients; 2 defer the weights'. */
+            int nw = c < 4 ? 3 : 2;
             model a, b;
             model_new(&a, dt, 48, 31);
             model_new(&b, dt, 48, 31);
@@ -429,9 +535,9 @@ Test(replicas, fused_optimizer_update_gives_the_bits_of_optim_step)
             o.lr = 1e-2;
             o.momentum = kind == TG_OPTIM_SGD ? 0.9 : 0;
             tg_optim *oa = tg_optim_new(a.ps, &o), *ob = tg_optim_new(b.ps, &o);
-            tg_replicas *ra = tg_replicas_new(a.ps, &(tg_replicas_opts){.workers = 3,
+            tg_replicas *ra = tg_replicas_new(a.ps, &(tg_replicas_opts){.workers = nw,
                                                                          .optim = oa});
-            tg_replicas *rb = tg_replicas_new(b.ps, &(tg_replicas_opts){.workers = 3});
+            tg_replicas *rb = tg_replicas_new(b.ps, &(tg_replicas_opts){.workers = nw});
             cr_assert(ra && rb, "%s", tg_last_error_message());
             for (int s = 0; s < 4; s++) {
                 tg_optim_zero_grad(oa);
@@ -442,6 +548,7 @@ Test(replicas, fused_optimizer_update_gives_the_bits_of_optim_step)
                 cr_assert_eq(tg_replicas_step(rb, 2, (tg_tensor *[]){b.x, b.y}, mlp_loss, &b,
                                               NULL),
                              TG_OK);
+                cr_assert_eq(tg_replicas_last_deferred(ra), nw == 2 ? 2 : 0);
                 cr_assert_eq(tg_optim_step(ob), TG_OK);
             }
             cr_assert_eq(tg_optim_step_count(oa), 4);

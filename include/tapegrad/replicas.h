@@ -97,7 +97,28 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
 
 /* Seconds spent in the last step: compute (from the start of the step to
  * the last worker's end of backward) and reduce (summing into the flat
- * buffer). NULL outputs are skipped. */
+ * buffer, with the deferred weight gradients' GEMMs and, with an
+ * optimizer, the update). NULL outputs are skipped. */
 void tg_replicas_last_timing(const tg_replicas *r, double *compute_s, double *reduce_s);
+
+/* Deferred weight gradients. With N > 1 workers, the weight gradient of an
+ * affine layer (tg_linear, tg_affine) whose weight the worker's record
+ * reads once is not made by the worker's backward: the worker keeps that
+ * layer's input and output gradient, and in the reduce each worker makes a
+ * slice of the weight's rows from every worker's pair, GEMM after GEMM in
+ * worker order, straight into the flat buffer (with two workers, each
+ * makes its own term of its slice in its backward, the reduce the other's).
+ * The reduce then reads the workers' activations across cores instead of
+ * their whole gradients.
+ * The sum is the one the plain reduce takes, and it is used only where it
+ * gives the same bits: SUM, or MEAN over equal shards and a power-of-two N
+ * (the scales are equal powers of two, applied after the sum: the same
+ * bits but where the unscaled sum overflows or the scaled terms are
+ * subnormal); and only for shapes whose chained GEMMs the step has
+ * checked, once, against whole GEMMs on random data with the backend's
+ * own kernel. Hooks, anomaly mode or a gradient-ready callback on a
+ * worker's tape, or a parameter with a gradient to add to, turn it off.
+ * This returns how many parameters the last step made that way. */
+int tg_replicas_last_deferred(const tg_replicas *r);
 
 #endif

@@ -285,6 +285,23 @@ extern TG_THREAD_LOCAL const struct tg__replica *tg__replica_active;
  * written to sub; returns sub. */
 TG_INTERNAL tg_tensor *const *tg__replica_args(const struct tg__replica *r, int n,
                                                tg_tensor *const *in, tg_tensor **sub);
+/* Whether anything watches tape's gradients as a sweep makes them (hooks,
+ * anomaly mode, gradient-ready notification): a gradient made later than
+ * its node (a deferred weight gradient) would escape it (hooks.c). */
+TG_INTERNAL bool tg__tape_grads_observed(const struct tg_tape *tape);
+/* For each of the n leaves, how many node inputs of tape's record read it
+ * (a leaf read once gets one gradient contribution; 0 for one the record
+ * does not read), -1 for all when out of memory (hooks.c). */
+TG_INTERNAL void tg__tape_leaf_uses(const struct tg_tape *tape, int n, tg_tensor *const *leaves,
+                                    int32_t *uses);
+/* Affine's backward on a worker (matmul.c), before it makes the gradient of
+ * its weight w, m rows of output gradient g (m, n) and input x (m, k), both
+ * contiguous: true when the worker takes that GEMM over (both retained
+ * until the reduce, which computes the weight's rows from every worker's
+ * pair; replicas.c says when), false when the op must make it itself. */
+TG_INTERNAL bool tg__replica_defer_wgrad(const struct tg__replica *r, const tg_tensor *w,
+                                         tg_tensor *g, tg_tensor *x, int64_t m, int64_t n,
+                                         int64_t k);
 
 /* ---- scopes (src/core/scope.c) */
 #define TG__MAX_SCOPES 64

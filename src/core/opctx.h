@@ -21,7 +21,10 @@ struct tg_op_ctx {
     tg_tensor *out;            /* backward: saved output or NULL */
     const tg_spec *out_spec;
     tg_backend backend;
-    unsigned needs;            /* bit i: input i needs a gradient */
+    /* Bit i: input i needs a gradient. Backward: an op that takes input
+     * i's gradient over (a replica worker's deferred weight gradient,
+     * replicas.c) clears bit i, and the engine then expects none. */
+    unsigned needs;
     tg_tensor **extra;         /* TG_OP_MAX_EXTRA slots */
     int *nextra;
     bool forward;

@@ -246,8 +246,13 @@ static tg_status affine_bwd_direct(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin
         gemm(false, false, m, k, n, gp, n, tg__tensor_ptr(w), k, 0.0, tg__tensor_ptr(gin[0]), k);
     }
     if (tg_op_ctx_needs_grad(ctx, 1)) {
-        if (!(gin[1] = tg_op_ctx_new_grad(ctx, 1))) return tg_last_error();
-        gemm(true, false, n, k, m, gp, n, tg__tensor_ptr(x), k, 0.0, tg__tensor_ptr(gin[1]), k);
+        if (tg__replica_active && tg__replica_defer_wgrad(tg__replica_active, w, g, x, m, n, k)) {
+            ctx->needs &= ~(1u << 1); /* the engine then expects no gradient for W */
+        } else {
+            if (!(gin[1] = tg_op_ctx_new_grad(ctx, 1))) return tg_last_error();
+            gemm(true, false, n, k, m, gp, n, tg__tensor_ptr(x), k, 0.0, tg__tensor_ptr(gin[1]),
+                 k);
+        }
     }
     if (tg_op_ctx_needs_grad(ctx, 2)) {
         if (!(gin[2] = tg_op_ctx_new_grad(ctx, 2))) return tg_last_error();

@@ -162,6 +162,7 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
     tg_status st = n->op->backward(&ctx, gout, gin);
     tg__in_op--;
     if (ns) *ns += tg__now_ns() - t0;
+    needs &= ctx.needs; /* an op may take an input's gradient over (replicas.c) */
     /* gin entries are borrowed (scope-owned or gout itself): take our own
      * references before the scope releases its tensors. */
     for (int i = 0; i < n->nin; i++) tg_tensor_retain(gin[i]);

@@ -7,7 +7,23 @@
  * ops record on the worker's tape and backward leaves the gradients on the
  * worker's leaves. The workers then add them up, each a share of the
  * elements, every element in worker order, into the parameter set's flat
- * gradient buffer (and, with an optimizer, update that share). */
+ * gradient buffer (and, with an optimizer, update that share).
+ *
+ * Deferred weight gradients. With two or more workers, the gradient of an
+ * affine layer's weight, dW = g^T x over the worker's rows, is the bulk of
+ * what the reduce would read across cores (2.7 MB a step on the mlp). So a
+ * worker's affine backward may leave that GEMM undone and keep its g and x
+ * instead (tg__replica_defer_wgrad); in the reduce each worker then makes
+ * its share of dW's rows from every worker's pair, GEMM after GEMM into the
+ * flat buffer (beta 1 after the first), and updates them: it reads the
+ * other workers' activations and output gradients (a fraction of dW's
+ * size) instead of their whole gradients. With two workers each makes its
+ * own term of its rows in its backward, while g is in its cache, and the
+ * reduce adds the other's (a sum of two terms is the same either way
+ * round). That sum is the one the plain reduce makes, in worker order;
+ * where it would not give the same bits (chain_exact checks each shape
+ * once on the backend's own GEMM, and the scales must be equal powers of
+ * two), the worker makes its GEMM itself. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -15,17 +31,36 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/kernels.h"
 #include "backend/parallel.h"
+#include "dispatch/dispatch.h"
 #include "train/train_internal.h"
 
 TG_THREAD_LOCAL const struct tg__replica *tg__replica_active;
 
+/* A weight gradient a worker's affine backward left to the reduce:
+ * dW (n, k) = g^T x over the worker's m rows. g NULL: none. */
+typedef struct wdefer {
+    tg_tensor *g, *x; /* retained */
+    int64_t m, n, k;
+} wdefer;
+
 /* One worker's stand-ins: keys[i] (a parameter's tensor, sorted by
- * address) -> leaves[i]. */
+ * address) -> leaves[i]; for the current step, whether leaves[i]'s weight
+ * gradient may be deferred (defer_ok[i]) and the one that was (defer[i]). */
 typedef struct tg__replica {
     const tg_tensor **keys;
     tg_tensor **leaves;
     int n;
+    struct tg_replicas *set;
+    bool *defer_ok;
+    wdefer *defer;
+    /* Two workers: each makes its own share of a deferred weight's rows
+     * from its own pair in its backward, into flat[i] (leaf i's view of
+     * the flat buffer); the reduce adds the other's (the sum of two terms
+     * is the same in either order). */
+    void **flat;
+    int part, parts;
 } tg__replica;
 
 typedef struct worker {
@@ -47,7 +82,9 @@ typedef struct worker {
 typedef struct reduce_seg reduce_seg;
 
 /* One parameter's part of the reduce: dst (+)= sum_k s[k] * src[k], the
- * sum taken in worker order. */
+ * sum taken in worker order. Deferred (a weight every worker deferred):
+ * dst (rows, cols) = scale * sum_k gk[k]^T xk[k] (mk[k] rows each), row
+ * slices of it made by the parts. */
 struct reduce_seg {
     void *dst;
     const void *src[TG_REPLICAS_MAX_WORKERS];
@@ -56,7 +93,15 @@ struct reduce_seg {
     bool add, f64;
     int64_t n;
     int param; /* index in the parameter set */
+    bool deferred;
+    const void *gk[TG_REPLICAS_MAX_WORKERS], *xk[TG_REPLICAS_MAX_WORKERS];
+    int64_t mk[TG_REPLICAS_MAX_WORKERS];
+    int64_t rows, cols;
+    double scale;
+    tg_gemm_fn gemm;
+    bool own_first; /* two workers: each part's own term is in already */
 };
+
 
 struct tg_replicas {
     tg_params *ps;
@@ -78,7 +123,13 @@ struct tg_replicas {
     bool reducing; /* the round is the reduce, not a step */
     reduce_seg *seg; /* one per trainable parameter */
     int nseg;
-    int64_t reduce_total;
+    int64_t reduce_total; /* elements of the segments that are not deferred */
+    bool defer_step;      /* this step's scales let weight gradients be deferred */
+    int ndeferred;        /* deferred segments of the last reduce */
+    /* Per leaf (worker 0's order): chain_exact's verdict, 1 for the rows
+     * in chain_m (workers entries), 0 unchecked; -1: never defer. */
+    signed char *chain_state;
+    int64_t *chain_m;
 };
 
 static double now_s(void)
@@ -116,15 +167,34 @@ tg_tensor *const *tg__replica_args(const tg__replica *r, int n, tg_tensor *const
     return sub;
 }
 
+/* Drops what w's leaves deferred (nothing after a reduce has used it). */
+static void wdefer_drop(worker *w)
+{
+    for (int i = 0; w->rep.defer && i < w->rep.n; i++) {
+        wdefer *d = &w->rep.defer[i];
+        if (!d->g) continue;
+        tg_tensor_release(d->g);
+        tg_tensor_release(d->x);
+        d->g = d->x = NULL;
+    }
+}
+
 static void replica_clear(worker *w)
 {
+    wdefer_drop(w);
     for (int i = 0; i < w->rep.n; i++) tg_tensor_release(w->rep.leaves[i]);
     free(w->rep.keys);
     free(w->rep.leaves);
     free(w->param_of);
+    free(w->rep.defer_ok);
+    free(w->rep.defer);
+    free(w->rep.flat);
     w->rep.keys = NULL;
     w->rep.leaves = NULL;
     w->param_of = NULL;
+    w->rep.defer_ok = NULL;
+    w->rep.defer = NULL;
+    w->rep.flat = NULL;
     w->rep.n = 0;
 }
 
@@ -135,8 +205,13 @@ static tg_status make_leaves(tg_replicas *r)
     int n = 0;
     for (int i = 0; i < ps->n; i++) n += ps->p[i].pool < TG__POOL_TRAINABLE;
     free(r->seg);
+    free(r->chain_state);
+    free(r->chain_m);
     r->seg = n ? malloc((size_t)n * sizeof *r->seg) : NULL;
-    if (n && !r->seg) return tg__err(TG_ERR_NOMEM, "out of memory for the replicas' reduce");
+    r->chain_state = n ? calloc((size_t)n, sizeof *r->chain_state) : NULL;
+    r->chain_m = n ? calloc((size_t)n * (size_t)r->o.workers, sizeof *r->chain_m) : NULL;
+    if (n && (!r->seg || !r->chain_state || !r->chain_m))
+        return tg__err(TG_ERR_NOMEM, "out of memory for the replicas' reduce");
     for (int k = 0; k < r->o.workers; k++) {
         worker *w = &r->w[k];
         replica_clear(w);
@@ -150,7 +225,14 @@ static tg_status make_leaves(tg_replicas *r)
         w->rep.keys = malloc((size_t)n * sizeof *w->rep.keys);
         w->rep.leaves = calloc((size_t)n, sizeof *w->rep.leaves);
         w->param_of = malloc((size_t)n * sizeof *w->param_of);
-        if (!pairs || !w->rep.keys || !w->rep.leaves || !w->param_of) {
+        w->rep.set = r;
+        w->rep.defer_ok = calloc((size_t)n, sizeof *w->rep.defer_ok);
+        w->rep.defer = calloc((size_t)n, sizeof *w->rep.defer);
+        w->rep.flat = calloc((size_t)n, sizeof *w->rep.flat);
+        w->rep.part = k;
+        w->rep.parts = r->o.workers;
+        if (!pairs || !w->rep.keys || !w->rep.leaves || !w->param_of || !w->rep.defer_ok ||
+            !w->rep.defer || !w->rep.flat) {
             free(pairs);
             replica_clear(w);
             return tg__err(TG_ERR_NOMEM, "out of memory for the replicas' leaves");
@@ -177,6 +259,74 @@ static tg_status make_leaves(tg_replicas *r)
     }
     r->nparams = ps->n;
     return TG_OK;
+}
+
+/* The rows [*lo, *hi) of a deferred weight's n that part `part` of `parts`
+ * makes: equal shares, cut at multiples of 16 rows. */
+static void part_rows(int64_t n, int part, int parts, int64_t *lo, int64_t *hi)
+{
+    *lo = part ? (n * part / parts) & ~(int64_t)15 : 0;
+    *hi = part + 1 < parts ? (n * (part + 1) / parts) & ~(int64_t)15 : n;
+}
+
+/* Before w's backward: a leaf's weight gradient may be deferred only when
+ * the record reads the leaf once (its one gradient contribution: nothing
+ * is added to it in the sweep's order that the reduce would reorder). */
+static void wdefer_prepare(worker *w)
+{
+    bool any = false;
+    for (int i = 0; i < w->rep.n; i++) any |= w->rep.defer_ok[i];
+    if (!any) return;
+    int32_t one[16], *uses = w->rep.n <= 16 ? one : malloc((size_t)w->rep.n * sizeof *uses);
+    if (uses) tg__tape_leaf_uses(w->tape, w->rep.n, w->rep.leaves, uses);
+    for (int i = 0; i < w->rep.n; i++)
+        if (!uses || uses[i] != 1) w->rep.defer_ok[i] = false;
+    if (uses != one) free(uses);
+}
+
+/* Makes w's deferred weight gradient of leaf i on w's own rows, into the
+ * gradient the leaf has (added) or a new one, and drops the pair. */
+static tg_status wdefer_own(worker *w, int i)
+{
+    wdefer *d = &w->rep.defer[i];
+    tg_tensor *leaf = w->rep.leaves[i];
+    double beta = 1.0;
+    if (!leaf->grad) {
+        leaf->grad = tg__tensor_empty(d->g->dtype, 2, (int64_t[]){d->n, d->k}, d->g->backend);
+        if (!leaf->grad) return TG_ERR_NOMEM;
+        beta = 0.0;
+    }
+    TG_KERNEL(tg_gemm_fn, TG_K_GEMM, d->g)(true, false, d->n, d->k, d->m, tg__tensor_ptr(d->g),
+                                            d->n, tg__tensor_ptr(d->x), d->k, beta,
+                                            tg__tensor_ptr(leaf->grad), d->k);
+    tg_tensor_release(d->g);
+    tg_tensor_release(d->x);
+    d->g = d->x = NULL;
+    return TG_OK;
+}
+
+bool tg__replica_defer_wgrad(const tg__replica *rp, const tg_tensor *w, tg_tensor *g, tg_tensor *x,
+                             int64_t m, int64_t n, int64_t k)
+{
+    for (int j = 0; j < rp->n; j++) {
+        if (rp->leaves[j] != w) continue;
+        wdefer *d = &rp->defer[j];
+        if (!rp->defer_ok[j] || d->g || g->dtype != x->dtype || g->backend != x->backend ||
+            g->dtype != w->dtype || g->backend != w->backend)
+            return false;
+        *d = (wdefer){.g = tg_tensor_retain(g), .x = tg_tensor_retain(x), .m = m, .n = n, .k = k};
+        int64_t lo, hi;
+        part_rows(n, rp->part, rp->parts, &lo, &hi);
+        if (rp->parts == 2 && lo < hi) {
+            size_t es = tg_dtype_size(g->dtype);
+            TG_KERNEL(tg_gemm_fn, TG_K_GEMM, g)(true, false, hi - lo, k, m,
+                                                (const char *)tg__tensor_ptr(g) + (size_t)lo * es,
+                                                n, tg__tensor_ptr(x), k, 0.0,
+                                                (char *)rp->flat[j] + (size_t)(lo * k) * es, k);
+        }
+        return true;
+    }
+    return false;
 }
 
 /* Worker k's part of the step, on its own thread (k = 0: the caller's). */
@@ -219,7 +369,11 @@ static void run_shard(tg_replicas *r, worker *w)
         st = tg__err(TG_ERR_NO_GRAD, "the loss does not depend on any parameter");
     }
     if (!st) st = tg_tensor_item(loss, &w->loss);
+    if (!st) wdefer_prepare(w);
     if (!st) st = tg_backward(loss);
+    for (int i = 0; i < w->rep.n && !st; i++)
+        if (w->rep.defer[i].g && w->rep.leaves[i]->grad) st = wdefer_own(w, i);
+    if (st) wdefer_drop(w);
     tg__replica_active = NULL;
     tg_scope_end();
     tg_tape_reset(w->tape);
@@ -353,6 +507,8 @@ void tg_replicas_free(tg_replicas *r)
     pthread_cond_destroy(&r->go);
     pthread_cond_destroy(&r->done);
     free(r->seg);
+    free(r->chain_state);
+    free(r->chain_m);
     free(r->w);
     free(r);
 }
@@ -376,6 +532,11 @@ void tg_replicas_last_timing(const tg_replicas *r, double *compute_s, double *re
 {
     if (compute_s) *compute_s = r ? r->compute_s : 0;
     if (reduce_s) *reduce_s = r ? r->reduce_s : 0;
+}
+
+int tg_replicas_last_deferred(const tg_replicas *r)
+{
+    return r ? r->ndeferred : 0;
 }
 
 static tg_status check_inputs(int n, tg_tensor *const *inputs, int64_t *rows)
@@ -445,12 +606,46 @@ static void reduce_range(const reduce_seg *g, int64_t lo, int64_t n)
  * in this core's cache. */
 #define UPDATE_BLOCK 8192
 
+/* Rows [lo, hi) of deferred segment g: every worker's GEMM on them in
+ * worker order, the first written, the others added (beta 1), then the
+ * scale (a power of two) and the update, a block at a time. */
+static void deferred_rows(const tg_replicas *r, const reduce_seg *g, int part, int64_t lo,
+                          int64_t hi)
+{
+    size_t es = g->f64 ? sizeof(double) : sizeof(float);
+    char *c = (char *)g->dst + (size_t)(lo * g->cols) * es;
+    for (int j = 0; j < g->nsrc; j++)
+        if (!g->own_first || j != part)
+            g->gemm(true, false, hi - lo, g->cols, g->mk[j],
+                    (const char *)g->gk[j] + (size_t)lo * es, g->rows, g->xk[j], g->cols,
+                    j || g->own_first ? 1.0 : 0.0, c, g->cols);
+    for (int64_t x = lo * g->cols; x < hi * g->cols; x += UPDATE_BLOCK) {
+        int64_t m = hi * g->cols - x < UPDATE_BLOCK ? hi * g->cols - x : UPDATE_BLOCK;
+        if (g->scale != 1.0 && g->f64) {
+            double *d = (double *)g->dst + x;
+            for (int64_t i = 0; i < m; i++) d[i] *= g->scale;
+        } else if (g->scale != 1.0) {
+            float *d = (float *)g->dst + x, f = (float)g->scale;
+            for (int64_t i = 0; i < m; i++) d[i] *= f;
+        }
+        if (r->o.optim) tg__optim_param_range(r->o.optim, g->param, x, m);
+    }
+}
+
 static void reduce_part(const tg_replicas *r, int part, int parts)
 {
+    for (int i = 0; i < r->nseg; i++) {
+        const reduce_seg *g = &r->seg[i];
+        int64_t a, b;
+        if (!g->deferred) continue;
+        part_rows(g->rows, part, parts, &a, &b);
+        if (a < b) deferred_rows(r, g, part, a, b);
+    }
     int64_t lo = r->reduce_total * part / parts, hi = r->reduce_total * (part + 1) / parts;
     int64_t base = 0;
     for (int i = 0; i < r->nseg && base < hi; i++) {
         const reduce_seg *g = &r->seg[i];
+        if (g->deferred) continue;
         int64_t a = lo > base ? lo - base : 0, b = hi - base < g->n ? hi - base : g->n;
         for (int64_t x = a; x < b; x += UPDATE_BLOCK) {
             int64_t m = b - x < UPDATE_BLOCK ? b - x : UPDATE_BLOCK;
@@ -459,6 +654,147 @@ static void reduce_part(const tg_replicas *r, int part, int parts)
         }
         base += g->n;
     }
+}
+
+/* Random values of many magnitudes, n of them, for chain_check. */
+static void chain_fill(void *p, int64_t n, bool f64, uint64_t *u)
+{
+    for (int64_t i = 0; i < n; i++) {
+        *u = *u * 6364136223846793005ULL + 1442695040888963407ULL;
+        double v = ((double)((*u >> 33) % 2001) - 1000.0) / 1000.0 * (double)(1u << ((*u >> 20) % 13));
+        if (f64)
+            ((double *)p)[i] = v / 64.0;
+        else
+            ((float *)p)[i] = (float)(v / 64.0);
+    }
+}
+
+/* Whether, for leaf j's shapes and rows this step, the parts' chained GEMMs
+ * over row slices (deferred_rows) give bitwise what whole GEMMs summed in
+ * worker order (reduce_range, scale 1) give, on the backend's own GEMM:
+ * both run once on random data. */
+static bool chain_check(const tg_replicas *r, int j)
+{
+    const wdefer *d0 = NULL;
+    int64_t mt = 0;
+    for (int k = 0; k < r->o.workers; k++) {
+        const wdefer *d = &r->w[k].rep.defer[j];
+        if (!d->g) continue;
+        if (!d0) d0 = d;
+        mt += d->m;
+    }
+    bool f64 = d0->g->dtype == TG_F64;
+    size_t es = f64 ? sizeof(double) : sizeof(float), nk = (size_t)(d0->n * d0->k);
+    int64_t n = d0->n, kk = d0->k;
+    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, d0->g);
+    char *a = malloc((size_t)(mt * n) * es), *b = malloc((size_t)(mt * kk) * es);
+    char *ref = malloc(nk * es), *one = malloc(nk * es), *c = malloc(nk * es);
+    bool exact = false;
+    if (a && b && ref && one && c) {
+        uint64_t u = 0x9e3779b97f4a7c15ULL;
+        chain_fill(a, mt * n, f64, &u);
+        chain_fill(b, mt * kk, f64, &u);
+        int64_t off = 0;
+        for (int k = 0, first = 1; k < r->o.workers; k++) {
+            const wdefer *d = &r->w[k].rep.defer[j];
+            if (!d->g) continue;
+            gemm(true, false, n, kk, d->m, a + (size_t)(off * n) * es, n,
+                 b + (size_t)(off * kk) * es, kk, 0.0, first ? ref : one, kk);
+            for (size_t i = 0; !first && i < nk; i++) {
+                if (f64)
+                    ((double *)ref)[i] = ((double *)ref)[i] + ((double *)one)[i];
+                else
+                    ((float *)ref)[i] = ((float *)ref)[i] + ((float *)one)[i];
+            }
+            first = 0;
+            off += d->m;
+        }
+        /* Part p's rows: worker p's term first where the workers make
+         * their own in backward (two of them), then the others in order. */
+        bool own_first = r->o.workers == 2;
+        for (int part = 0; part < r->o.workers; part++) {
+            int64_t lo, hi;
+            part_rows(n, part, r->o.workers, &lo, &hi);
+            for (int pass = own_first ? 0 : 1, first = 1; pass < 2 && lo < hi; pass++) {
+                off = 0;
+                for (int k = 0; k < r->o.workers; k++) {
+                    const wdefer *d = &r->w[k].rep.defer[j];
+                    if (!d->g) continue;
+                    if (pass == 1 ? !(own_first && k == part) : k == part) {
+                        gemm(true, false, hi - lo, kk, d->m, a + (size_t)(off * n + lo) * es, n,
+                             b + (size_t)(off * kk) * es, kk, first ? 0.0 : 1.0,
+                             c + (size_t)(lo * kk) * es, kk);
+                        first = 0;
+                    }
+                    off += d->m;
+                }
+            }
+        }
+        exact = memcmp(ref, c, nk * es) == 0;
+    }
+    free(a);
+    free(b);
+    free(ref);
+    free(one);
+    free(c);
+    return exact;
+}
+
+/* chain_check's verdict for leaf j, run again only when the workers' rows
+ * change; a shape that fails is never deferred again. */
+static bool chain_exact(tg_replicas *r, int j)
+{
+    int nw = r->o.workers;
+    int64_t *m = &r->chain_m[(size_t)j * (size_t)nw];
+    bool same = r->chain_state[j] == 1;
+    for (int k = 0; k < nw && same; k++) {
+        const wdefer *d = &r->w[k].rep.defer[j];
+        same = m[k] == (d->g ? d->m : 0);
+    }
+    if (same) return true;
+    if (!chain_check(r, j)) {
+        r->chain_state[j] = -1;
+        return false;
+    }
+    for (int k = 0; k < nw; k++) m[k] = r->w[k].rep.defer[j].g ? r->w[k].rep.defer[j].m : 0;
+    r->chain_state[j] = 1;
+    return true;
+}
+
+/* Leaf j's deferred weight gradients: a deferred segment (*deferred) when
+ * every worker with rows deferred it, the parameter has no gradient to add
+ * to and chaining is exact; otherwise each worker's own GEMM, made here. */
+static tg_status plan_deferred(tg_replicas *r, int j, bool can, reduce_seg *g, bool *deferred)
+{
+    int nact = 0, npend = 0;
+    *deferred = false;
+    for (int k = 0; k < r->o.workers; k++) {
+        if (r->w[k].rows == 0) continue;
+        nact++;
+        npend += r->w[k].rep.defer[j].g != NULL;
+    }
+    if (!npend) return TG_OK;
+    if (!can || npend != nact || !chain_exact(r, j)) {
+        for (int k = 0; k < r->o.workers; k++) {
+            tg_status st = r->w[k].rep.defer[j].g ? wdefer_own(&r->w[k], j) : TG_OK;
+            if (st) return st;
+        }
+        return TG_OK;
+    }
+    g->nsrc = 0;
+    for (int k = 0; k < r->o.workers; k++) {
+        const wdefer *d = &r->w[k].rep.defer[j];
+        if (!d->g) continue;
+        g->gk[g->nsrc] = tg__tensor_ptr(d->g);
+        g->xk[g->nsrc] = tg__tensor_ptr(d->x);
+        g->mk[g->nsrc++] = d->m;
+        g->rows = d->n;
+        g->cols = d->k;
+        g->gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, d->g);
+    }
+    g->own_first = r->o.workers == 2;
+    *deferred = true;
+    return TG_OK;
 }
 
 /* Lays out the reduce of the workers' gradients into ps's flat buffer (on
@@ -472,9 +808,26 @@ static tg_status reduce_plan(tg_replicas *r, int64_t rows)
     const worker *w0 = &r->w[0];
     r->nseg = 0;
     r->reduce_total = 0;
+    r->ndeferred = 0;
     for (int j = 0; j < w0->rep.n; j++) {
         tg__param *p = &ps->p[w0->param_of[j]];
         reduce_seg *g = &r->seg[r->nseg];
+        bool deferred;
+        tg_status st = plan_deferred(r, j, !p->value->grad, g, &deferred);
+        if (st) return st;
+        g->deferred = deferred;
+        if (deferred) {
+            p->value->grad = tg_tensor_retain(p->gview);
+            g->dst = tg__tensor_ptr(p->gview);
+            g->f64 = p->value->dtype == TG_F64;
+            g->n = p->numel;
+            g->param = w0->param_of[j];
+            g->add = false;
+            g->scale = r->o.reduce == TG_REDUCE_MEAN ? (double)r->w[0].rows / (double)rows : 1.0;
+            r->nseg++;
+            r->ndeferred++;
+            continue;
+        }
         g->nsrc = 0;
         for (int k = 0; k < r->o.workers; k++) {
             const tg_tensor *gk = r->w[k].rep.leaves[j]->grad;
@@ -485,8 +838,7 @@ static tg_status reduce_plan(tg_replicas *r, int64_t rows)
         }
         if (!g->nsrc) continue;
         tg_tensor *v = p->value;
-        tg_status st = tg__param_grad_to_flat(p);
-        if (st) return st;
+        if ((st = tg__param_grad_to_flat(p))) return st;
         g->add = v->grad != NULL;
         if (!v->grad) v->grad = tg_tensor_retain(p->gview);
         g->dst = tg__tensor_ptr(p->gview);
@@ -520,6 +872,20 @@ static void finish_update(tg_replicas *r)
     }
     free(done);
     opt->step_count++;
+}
+
+/* Whether this step's weight gradients may be deferred: two or more
+ * workers, each with rows, and every worker's gradient weighted alike by a
+ * power of two (SUM; MEAN over equal shards and a power-of-two count), so
+ * that scaling the chained sum gives what scaling each term gives. */
+static bool defer_step_ok(const tg_replicas *r)
+{
+    int nw = r->o.workers;
+    if (nw < 2) return false;
+    for (int k = 0; k < nw; k++)
+        if (r->w[k].rows == 0 || (r->o.reduce == TG_REDUCE_MEAN && r->w[k].rows != r->w[0].rows))
+            return false;
+    return r->o.reduce == TG_REDUCE_SUM || (nw & (nw - 1)) == 0;
 }
 
 /* Runs one round on every worker, part 0 on the calling thread. */
@@ -587,6 +953,16 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
         const tg__param *p = &r->ps->p[r->w[0].param_of[j]];
         r->w[0].rep.leaves[j]->gsink = p->value->grad ? NULL : p->gview;
     }
+    bool defer = defer_step_ok(r);
+    for (int k = 0; k < nw; k++) {
+        worker *w = &r->w[k];
+        bool watched = tg__tape_grads_observed(w->tape);
+        for (int j = 0; j < w->rep.n; j++) {
+            const tg__param *p = &r->ps->p[w->param_of[j]];
+            w->rep.defer_ok[j] = defer && !watched && r->chain_state[j] >= 0 && !p->value->grad;
+            w->rep.flat[j] = tg__tensor_ptr(p->gview);
+        }
+    }
     r->t0 = now_s();
     run_round(r, false);
     double end = r->t0;
@@ -599,6 +975,7 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
     if (!st) st = reduce_plan(r, rows);
     if (!st && r->o.optim) st = tg__optim_fit(r->o.optim);
     if (!st) run_round(r, true);
+    for (int k = 0; k < nw; k++) wdefer_drop(&r->w[k]);
     if (!st && r->o.optim) finish_update(r);
     r->reduce_s = now_s() - t1;
     if (nw > 1 && prev_threads != 1) tg_set_num_threads(prev_threads);
