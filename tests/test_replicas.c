@@ -166,46 +166,6 @@ Test(replicas, n_workers_match_the_whole_batch_and_repeat_bitwise)
     }
 }
 
-/* Two workers' sum is s0 g0 + s1 g1 in float, taken in worker order, where
- * g0 and g1 are plain backwards over each half of the batch: bitwise,
- * whether worker 0's gradient went through a tensor of its own or
- * straight into the flat buffer (its gradient sinks). */
-Test(replicas, two_workers_sum_the_halves_gradients_to_the_bit)
-{
-    model m;
-    model_new(&m, TG_F32, 64, 21);
-    int64_t n = tg_params_numel(m.ps);
-    double *half[2];
-    for (int k = 0; k < 2; k++) {
-        tg_tape *tape = tg_tape_new(NULL);
-        cr_assert_eq(tg_params_requires_grad(m.ps, tape), TG_OK);
-        tg_scope_begin();
-        tg_tensor *xs = tg_narrow(m.x, 0, 32 * k, 32), *ys = tg_narrow(m.y, 0, 32 * k, 32);
-        tg_replica_info info = {.workers = 1, .tape = tape, .rows = 32};
-        tg_tensor *loss = mlp_loss(&m, &info, 2, (tg_tensor *[]){xs, ys});
-        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
-        tg_scope_end();
-        half[k] = flat_values(m.ps, TG_F32, true);
-        tg_params_zero_grad(m.ps);
-        tg_tape_free(tape);
-    }
-    for (int rep = 0; rep < 2; rep++) {
-        double l;
-        double *got = replica_grad(&m, 2, TG_CHECKPOINT_NONE, &l);
-        for (int64_t i = 0; i < n; i++) {
-            float want = 0.5f * (float)half[0][i];
-            want += 0.5f * (float)half[1][i];
-            float g = (float)got[i];
-            cr_assert_eq(memcmp(&g, &want, sizeof g), 0, "run %d, element %lld: %.9g vs %.9g",
-                         rep, (long long)i, (double)g, (double)want);
-        }
-        free(got);
-    }
-    free(half[0]);
-    free(half[1]);
-    model_free(&m);
-}
-
 /* The flat gradients of plain backwards over each of nw shards of m's
  * batch, split as the replicas split it (caller frees each). */
 static void shard_grads(model *m, tg_dtype dt, int nw, double **g)
@@ -225,6 +185,40 @@ static void shard_grads(model *m, tg_dtype dt, int nw, double **g)
         tg_params_zero_grad(m->ps);
         tg_tape_free(tape);
     }
+}
+
+/* got is, bitwise in float, 0.5 g[0] + 0.5 g[1] (two workers' mean). */
+static void expect_mean_of_halves(const double *got, double *const *g, int64_t n, int run)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float want = 0.5f * (float)g[0][i];
+        want += 0.5f * (float)g[1][i];
+        float gi = (float)got[i];
+        cr_assert_eq(memcmp(&gi, &want, sizeof gi), 0, "run %d, element %lld: %.9g vs %.9g", run,
+                     (long long)i, (double)gi, (double)want);
+    }
+}
+
+/* Two workers' sum is s0 g0 + s1 g1 in float, taken in worker order, where
+ * g0 and g1 are plain backwards over each half of the batch: bitwise,
+ * whether worker 0's gradient went through a tensor of its own or
+ * straight into the flat buffer (its gradient sinks). */
+Test(replicas, two_workers_sum_the_halves_gradients_to_the_bit)
+{
+    model m;
+    model_new(&m, TG_F32, 64, 21);
+    int64_t n = tg_params_numel(m.ps);
+    double *half[2];
+    shard_grads(&m, TG_F32, 2, half);
+    for (int rep = 0; rep < 2; rep++) {
+        double l;
+        double *got = replica_grad(&m, 2, TG_CHECKPOINT_NONE, &l);
+        expect_mean_of_halves(got, half, n, rep);
+        free(got);
+    }
+    free(half[0]);
+    free(half[1]);
+    model_free(&m);
 }
 
 /* Deferred weight gradients (replicas.h): where a step makes a weight's
@@ -326,13 +320,7 @@ Test(replicas, a_shape_whose_chained_gemms_round_differently_is_not_deferred)
         if (rep == 0) first = d;
         cr_assert_eq(d, first, "the verdict changed: %d then %d", first, d);
         double *got = flat_values(m.ps, TG_F32, true);
-        for (int64_t i = 0; i < n; i++) {
-            float want = 0.5f * (float)g[0][i];
-            want += 0.5f * (float)g[1][i];
-            float gi = (float)got[i];
-            cr_assert_eq(memcmp(&gi, &want, sizeof gi), 0, "run %d, element %lld: %.9g vs %.9g",
-                         rep, (long long)i, (double)gi, (double)want);
-        }
+        expect_mean_of_halves(got, g, n, rep);
         free(got);
     }
     cr_log_info("shards of 6144 rows: %d weight gradients deferred", first);
