@@ -614,6 +614,7 @@ static void deferred_rows(const tg_replicas *r, const reduce_seg *g, int part, i
 {
     size_t es = g->f64 ? sizeof(double) : sizeof(float);
     char *c = (char *)g->dst + (size_t)(lo * g->cols) * es;
+    /* Every worker has a pair here (plan_deferred), so j is the worker. */
     for (int j = 0; j < g->nsrc; j++)
         if (!g->own_first || j != part)
             g->gemm(true, false, hi - lo, g->cols, g->mk[j],
@@ -661,7 +662,8 @@ static void chain_fill(void *p, int64_t n, bool f64, uint64_t *u)
 {
     for (int64_t i = 0; i < n; i++) {
         *u = *u * 6364136223846793005ULL + 1442695040888963407ULL;
-        double v = ((double)((*u >> 33) % 2001) - 1000.0) / 1000.0 * (double)(1u << ((*u >> 20) % 13));
+        double v = ((double)((*u >> 33) % 2001) - 1000.0) / 1000.0;
+        v *= (double)(1u << ((*u >> 20) % 13));
         if (f64)
             ((double *)p)[i] = v / 64.0;
         else
