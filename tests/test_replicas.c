@@ -323,7 +323,6 @@ Test(replicas, a_shape_whose_chained_gemms_round_differently_is_not_deferred)
         expect_mean_of_halves(got, g, n, rep);
         free(got);
     }
-    cr_log_info("shards of 6144 rows: %d weight gradients deferred", first);
     free(g[0]);
     free(g[1]);
     tg_replicas_free(r);
