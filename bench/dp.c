@@ -519,7 +519,16 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
         if (!c.plain[v] && !c.apart[v] && c.deferred[v])
             printf(" (with %d weight gradient%s made in it)", c.deferred[v],
                    c.deferred[v] > 1 ? "s" : "");
-        if (c.apart[v]) printf("   (the ceiling: no sharing, no reduce)");
+        if (c.apart[v]) {
+            /* What the workers of the same count reach of it. */
+            double of = 0;
+            for (int u = 0; u < c.nvar; u++)
+                if (!c.plain[u] && !c.apart[u] && c.threads[u] == 1 &&
+                    c.workers[u] == c.workers[v] && ratio_of[v] > 0)
+                    of = ratio_of[u] / ratio_of[v];
+            printf("   (the ceiling: no sharing, no reduce; %d workers reach %.0f%% of it)",
+                   c.workers[v], 100 * of);
+        }
         printf("%s\n", c.threads[v] > 1 ? "  (own rounds against 1 worker)" : "");
     }
     if (max_workers > 1) {
