@@ -65,6 +65,10 @@ static bool use_segments;
 /* Adds sum(W1 * W1) / 64 to the loss: the record then reads fc1's weight
  * twice. */
 static bool use_penalty;
+/* Also takes the gradient of the loss with respect to the hidden layer
+ * (tg_grad_of: it sweeps fc2's node, whose weight gradient it discards)
+ * before returning the loss. */
+static bool use_grad_of;
 
 static tg_tensor *mlp_loss(void *ud, const tg_replica_info *info, int n, tg_tensor *const *in)
 {
@@ -74,6 +78,12 @@ static tg_tensor *mlp_loss(void *ud, const tg_replica_info *info, int n, tg_tens
     tg_tensor *h = use_segments ? tg_checkpoint(info->tape, hidden_layer, ud, in[0])
                                 : hidden_layer(ud, 0, in[0]);
     tg_tensor *loss = tg_cross_entropy(tg_linear_forward(m->l2, h), in[1]);
+    if (use_grad_of) {
+        tg_tensor *gh = NULL;
+        cr_assert_eq(tg_grad_of(1, &loss, NULL, 1, &h, &gh, &(tg_grad_opts){.retain = true}),
+                     TG_OK, "%s", tg_last_error_message());
+        cr_assert(tg_tensor_numel(gh) == tg_tensor_numel(h));
+    }
     if (use_penalty) {
         tg_tensor *w = tg_linear_weight(m->l1);
         loss = tg_add(loss, tg_mul_scalar(tg_sum(tg_mul(w, w)), 1.0 / 64));
@@ -230,12 +240,14 @@ Test(replicas, deferred_weight_gradients_keep_the_bits)
     static const struct {
         int workers;
         tg_grad_reduce reduce;
-        bool penalty, anomaly;
+        bool penalty, anomaly, grad_of;
         int deferred; /* parameters made from activations */
     } cases[] = {
-        {2, TG_REDUCE_MEAN, false, false, 2}, {4, TG_REDUCE_MEAN, false, false, 2},
-        {3, TG_REDUCE_SUM, false, false, 2},  {3, TG_REDUCE_MEAN, false, false, 0},
-        {2, TG_REDUCE_MEAN, true, false, 1},  {2, TG_REDUCE_MEAN, false, true, 0},
+        {2, TG_REDUCE_MEAN, false, false, false, 2}, {4, TG_REDUCE_MEAN, false, false, false, 2},
+        {3, TG_REDUCE_SUM, false, false, false, 2},  {3, TG_REDUCE_MEAN, false, false, false, 0},
+        {2, TG_REDUCE_MEAN, true, false, false, 1},  {2, TG_REDUCE_MEAN, false, true, false, 0},
+        /* A sweep of the loss function's own (tg_grad_of) defers nothing. */
+        {2, TG_REDUCE_MEAN, false, false, true, 2},
     };
     hidden = 40;
     for (int d = 0; d < 2; d++)
@@ -243,6 +255,7 @@ Test(replicas, deferred_weight_gradients_keep_the_bits)
             tg_dtype dt = d ? TG_F64 : TG_F32;
             int nw = cases[c].workers;
             use_penalty = cases[c].penalty;
+            use_grad_of = cases[c].grad_of;
             model m;
             model_new(&m, dt, 64, 40 + c);
             int64_t n = tg_params_numel(m.ps), rows = 64;
@@ -292,7 +305,7 @@ Test(replicas, deferred_weight_gradients_keep_the_bits)
             tg_replicas_free(r);
             model_free(&m);
         }
-    use_penalty = false;
+    use_penalty = use_grad_of = false;
     hidden = 16;
 }
 

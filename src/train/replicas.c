@@ -61,6 +61,10 @@ typedef struct tg__replica {
      * is the same in either order). */
     void **flat;
     int part, parts;
+    /* In the worker's own backward of its loss (run_shard): only that
+     * sweep defers, not one the loss function runs (tg_grad_of sweeps a
+     * weight's node and drops its gradient). */
+    bool sweeping;
 } tg__replica;
 
 typedef struct worker {
@@ -311,8 +315,8 @@ bool tg__replica_defer_wgrad(const tg__replica *rp, const tg_tensor *w, tg_tenso
     for (int j = 0; j < rp->n; j++) {
         if (rp->leaves[j] != w) continue;
         wdefer *d = &rp->defer[j];
-        if (!rp->defer_ok[j] || d->g || g->dtype != x->dtype || g->backend != x->backend ||
-            g->dtype != w->dtype || g->backend != w->backend)
+        if (!rp->sweeping || !rp->defer_ok[j] || d->g || g->dtype != x->dtype ||
+            g->backend != x->backend || g->dtype != w->dtype || g->backend != w->backend)
             return false;
         *d = (wdefer){.g = tg_tensor_retain(g), .x = tg_tensor_retain(x), .m = m, .n = n, .k = k};
         int64_t lo, hi;
@@ -370,7 +374,9 @@ static void run_shard(tg_replicas *r, worker *w)
     }
     if (!st) st = tg_tensor_item(loss, &w->loss);
     if (!st) wdefer_prepare(w);
+    w->rep.sweeping = true;
     if (!st) st = tg_backward(loss);
+    w->rep.sweeping = false;
     for (int i = 0; i < w->rep.n && !st; i++)
         if (w->rep.defer[i].g && w->rep.leaves[i]->grad) st = wdefer_own(w, i);
     if (st) wdefer_drop(w);
