@@ -125,6 +125,7 @@ struct tg_replicas {
     tg_backend backend;
     double t0, compute_s, reduce_s;
     bool reducing; /* the round is the reduce, not a step */
+    _Atomic int reduced; /* parts of this reduce that are done with every pair */
     reduce_seg *seg; /* one per trainable parameter */
     int nseg;
     int64_t reduce_total; /* elements of the segments that are not deferred */
@@ -391,6 +392,7 @@ static void run_shard(tg_replicas *r, worker *w)
 }
 
 static void reduce_part(const tg_replicas *r, int part, int parts);
+static void reduce_then_drop(tg_replicas *r, worker *w);
 
 /* Handing a round over: a worker (or the caller, waiting for the round to
  * end) first spins for about this many checks, then sleeps on the
@@ -423,7 +425,7 @@ static void *worker_main(void *arg)
         if (atomic_load(&r->quit)) break;
         seen = atomic_load_explicit(&r->round, memory_order_acquire);
         if (r->reducing)
-            reduce_part(r, w->index, r->o.workers);
+            reduce_then_drop(r, w);
         else
             run_shard(r, w);
         tg__mem_flush(); /* before the caller can read the counters */
@@ -896,6 +898,21 @@ static bool defer_step_ok(const tg_replicas *r)
     return r->o.reduce == TG_REDUCE_SUM || (nw & (nw - 1)) == 0;
 }
 
+/* Worker w's part of the reduce; then, once every part is done with the
+ * deferred pairs (each part reads every worker's), w drops its own, on
+ * its own thread: their buffers go back to that thread's cache, where its
+ * next step finds them (freed by the calling thread, worker 1's buffers
+ * went to the caller's cache, and its next forward started on fresh ones:
+ * 0.12 ms a step later than worker 0's on the mlp). */
+static void reduce_then_drop(tg_replicas *r, worker *w)
+{
+    reduce_part(r, w->index, r->o.workers);
+    if (!r->ndeferred) return;
+    atomic_fetch_add_explicit(&r->reduced, 1, memory_order_acq_rel);
+    while (atomic_load_explicit(&r->reduced, memory_order_acquire) < r->o.workers) cpu_relax();
+    wdefer_drop(w);
+}
+
 /* Runs one round on every worker, part 0 on the calling thread. */
 static void run_round(tg_replicas *r, bool reducing)
 {
@@ -909,7 +926,7 @@ static void run_round(tg_replicas *r, bool reducing)
         pthread_mutex_unlock(&r->mu);
     }
     if (reducing)
-        reduce_part(r, 0, nw);
+        reduce_then_drop(r, &r->w[0]);
     else
         run_shard(r, &r->w[0]);
     if (nw > 1) {
@@ -982,8 +999,9 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
     double t1 = now_s();
     if (!st) st = reduce_plan(r, rows);
     if (!st && r->o.optim) st = tg__optim_fit(r->o.optim);
+    atomic_store_explicit(&r->reduced, 0, memory_order_relaxed);
     if (!st) run_round(r, true);
-    for (int k = 0; k < nw; k++) wdefer_drop(&r->w[k]);
+    for (int k = 0; k < nw; k++) wdefer_drop(&r->w[k]); /* what is left after an error */
     if (!st && r->o.optim) finish_update(r);
     r->reduce_s = now_s() - t1;
     if (nw > 1 && prev_threads != 1) tg_set_num_threads(prev_threads);
