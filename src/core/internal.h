@@ -291,7 +291,7 @@ TG_INTERNAL tg_tensor *const *tg__replica_args(const struct tg__replica *r, int 
 TG_INTERNAL bool tg__tape_grads_observed(const struct tg_tape *tape);
 /* For each of the n leaves, how many node inputs of tape's record read it
  * (a leaf read once gets one gradient contribution; 0 for one the record
- * does not read), -1 for all when out of memory (hooks.c). */
+ * does not read), -1 for all when out of memory (tape.c). */
 TG_INTERNAL void tg__tape_leaf_uses(const struct tg_tape *tape, int n, tg_tensor *const *leaves,
                                     int32_t *uses);
 /* Affine's backward on a worker (matmul.c), before it makes the gradient of

@@ -125,23 +125,7 @@ tg_status tg_tape_set_grad_ready(tg_tape *tape, tg_grad_ready_fn fn, void *userd
 
 bool tg__tape_grads_observed(const tg_tape *tape)
 {
-    return tape->any_hooks || tape->nhooks || tape->nleaf_hooks || tape->watch || tape->ready;
-}
-
-void tg__tape_leaf_uses(const tg_tape *tape, int n, tg_tensor *const *leaves, int32_t *uses)
-{
-    int32_t *by_slot = calloc((size_t)(tape->nslots > 0 ? tape->nslots : 1), sizeof *by_slot);
-    for (int64_t j = 0; by_slot && j < tape->nnodes; j++) {
-        const tg_node *nd = &tape->nodes[j];
-        for (int i = 0; i < nd->nin; i++)
-            if (nd->in_slot[i] >= 0) by_slot[nd->in_slot[i]]++;
-    }
-    for (int i = 0; i < n; i++) {
-        const tg_tensor *l = leaves[i];
-        bool cur = l->tape == tape && l->gen == tape->gen && l->slot >= 0 && l->slot < tape->nslots;
-        uses[i] = !by_slot ? -1 : cur ? by_slot[l->slot] : 0;
-    }
-    free(by_slot);
+    return tape->any_hooks || tape->nleaf_hooks || tape->watch || tape->ready;
 }
 
 void tg_tape_hooks_clear(tg_tape *tape)

@@ -394,6 +394,22 @@ tg_status tg_requires_grad(tg_tape *tape, tg_tensor *t)
     return TG_OK;
 }
 
+void tg__tape_leaf_uses(const tg_tape *tape, int n, tg_tensor *const *leaves, int32_t *uses)
+{
+    int32_t *by_slot = calloc((size_t)(tape->nslots > 0 ? tape->nslots : 1), sizeof *by_slot);
+    for (int64_t j = 0; by_slot && j < tape->nnodes; j++) {
+        const tg_node *nd = &tape->nodes[j];
+        for (int i = 0; i < nd->nin; i++)
+            if (nd->in_slot[i] >= 0) by_slot[nd->in_slot[i]]++;
+    }
+    for (int i = 0; i < n; i++) {
+        const tg_tensor *l = leaves[i];
+        bool cur = l->tape == tape && l->gen == tape->gen && l->slot >= 0 && l->slot < tape->nslots;
+        uses[i] = !by_slot ? -1 : cur ? by_slot[l->slot] : 0;
+    }
+    free(by_slot);
+}
+
 int32_t tg__tape_slot(tg_tensor *t)
 {
     tg_tape *tape = t->tape;
