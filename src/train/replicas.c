@@ -807,6 +807,13 @@ static tg_status plan_deferred(tg_replicas *r, int j, bool can, reduce_seg *g, b
     return TG_OK;
 }
 
+/* Worker k's weight in the combined gradient and loss of a batch of rows:
+ * its share of the rows (MEAN) or 1 (SUM). */
+static double worker_weight(const tg_replicas *r, int k, int64_t rows)
+{
+    return r->o.reduce == TG_REDUCE_MEAN ? (double)r->w[k].rows / (double)rows : 1.0;
+}
+
 /* Lays out the reduce of the workers' gradients into ps's flat buffer (on
  * the calling thread; the sums themselves run on every worker). A
  * parameter whose gradient is still a tensor of its own (from a plain
@@ -833,7 +840,7 @@ static tg_status reduce_plan(tg_replicas *r, int64_t rows)
             g->n = p->numel;
             g->param = w0->param_of[j];
             g->add = false;
-            g->scale = r->o.reduce == TG_REDUCE_MEAN ? (double)r->w[0].rows / (double)rows : 1.0;
+            g->scale = worker_weight(r, 0, rows); /* every worker's (defer_step_ok) */
             r->nseg++;
             r->ndeferred++;
             continue;
@@ -843,8 +850,7 @@ static tg_status reduce_plan(tg_replicas *r, int64_t rows)
             const tg_tensor *gk = r->w[k].rep.leaves[j]->grad;
             if (!gk || r->w[k].rows == 0) continue;
             g->src[g->nsrc] = tg__tensor_ptr(gk);
-            g->s[g->nsrc++] =
-                r->o.reduce == TG_REDUCE_MEAN ? (double)r->w[k].rows / (double)rows : 1.0;
+            g->s[g->nsrc++] = worker_weight(r, k, rows);
         }
         if (!g->nsrc) continue;
         tg_tensor *v = p->value;
@@ -1008,9 +1014,7 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
     if (st) return st;
     if (loss) {
         double l = 0;
-        for (int k = 0; k < nw; k++)
-            l += r->o.reduce == TG_REDUCE_MEAN ? r->w[k].loss * ((double)r->w[k].rows / (double)rows)
-                                               : r->w[k].loss;
+        for (int k = 0; k < nw; k++) l += r->w[k].loss * worker_weight(r, k, rows);
         *loss = l;
     }
     return TG_OK;
