@@ -149,6 +149,7 @@ typedef struct dp_ctx {
     dp_apart apart_sync;
     double reduce_s[DP_MAX_VARIANTS], compute_s[DP_MAX_VARIANTS];
     int deferred[DP_MAX_VARIANTS]; /* weights made in the reduce (last step) */
+    int refused[DP_MAX_VARIANTS];  /* weights that could not be (the BLAS's rounding) */
     long steps[DP_MAX_VARIANTS];
 } dp_ctx;
 
@@ -185,6 +186,7 @@ static tg_status dp_step(dp_ctx *c, int v)
     double comp, red;
     tg_replicas_last_timing(c->rep[v], &comp, &red);
     c->deferred[v] = tg_replicas_last_deferred(c->rep[v]);
+    c->refused[v] = tg_replicas_last_refused(c->rep[v]);
     c->compute_s[v] += comp;
     c->reduce_s[v] += red;
     c->steps[v]++;
@@ -519,6 +521,9 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
         if (!c.plain[v] && !c.apart[v] && c.deferred[v])
             printf(" (with %d weight gradient%s made in it)", c.deferred[v],
                    c.deferred[v] > 1 ? "s" : "");
+        if (!c.plain[v] && !c.apart[v] && c.refused[v])
+            printf(" (%d weight gradient%s not made in it: this BLAS's chained GEMMs round "
+                   "differently)", c.refused[v], c.refused[v] > 1 ? "s" : "");
         if (c.apart[v]) {
             /* What the workers of the same count reach of it. */
             double of = 0;

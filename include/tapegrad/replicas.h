@@ -116,9 +116,16 @@ void tg_replicas_last_timing(const tg_replicas *r, double *compute_s, double *re
  * bits but where the unscaled sum overflows or the scaled terms are
  * subnormal); and only for shapes whose chained GEMMs the step has
  * checked, once, against whole GEMMs on random data with the backend's
- * own kernel. Hooks, anomaly mode or a gradient-ready callback on a
+ * own kernel, with the slices cut at multiples of 16, 12 or 48 rows (the
+ * first that matches: a kernel's edge tiles may sum in another order than
+ * its whole ones). Hooks, anomaly mode or a gradient-ready callback on a
  * worker's tape, or a parameter with a gradient to add to, turn it off.
  * This returns how many parameters the last step made that way. */
 int tg_replicas_last_deferred(const tg_replicas *r);
+/* How many parameters the last step would have made that way but did not,
+ * because their chained GEMMs did not give the whole GEMMs' bits on this
+ * backend (checked once per shape): their workers made them. Nonzero means
+ * the BLAS costs the reduce speed, never that a gradient is different. */
+int tg_replicas_last_refused(const tg_replicas *r);
 
 #endif

@@ -23,7 +23,15 @@
  * round). That sum is the one the plain reduce makes, in worker order;
  * where it would not give the same bits (chain_exact checks each shape
  * once on the backend's own GEMM, and the scales must be equal powers of
- * two), the worker makes its GEMM itself. */
+ * two), the worker makes its GEMM itself.
+ *
+ * Where the slices are cut matters: a GEMM kernel works on tiles of its
+ * output, and an edge tile may sum in another order than a whole one
+ * (OpenBLAS 0.3.21's Haswell sgemm, also used on AMD Zen, takes 12 rows
+ * of dW at a time and sums the last 4 of 16 in two halves). A slice that
+ * starts at a multiple of the tile has the tiles of the whole GEMM. So the
+ * cuts are at multiples of a quantum, the first of CHAIN_QUANTA whose
+ * chained GEMMs the check finds exact. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -43,6 +51,8 @@ TG_THREAD_LOCAL const struct tg__replica *tg__replica_active;
 typedef struct wdefer {
     tg_tensor *g, *x; /* retained */
     int64_t m, n, k;
+    int quantum; /* the rows' cut (part_rows) of the worker's own term, made in backward */
+    bool refused; /* the step would have deferred it, but its shape does not chain exactly */
 } wdefer;
 
 /* One worker's stand-ins: keys[i] (a parameter's tensor, sorted by
@@ -61,6 +71,10 @@ typedef struct tg__replica {
      * is the same in either order). */
     void **flat;
     int part, parts;
+    /* Per leaf: the cut's quantum found exact (the set's chain_state), or
+     * <= 0 where none is known yet: the own term is then cut at
+     * CHAIN_QUANTA[0], and checked in the reduce. */
+    const signed char *quantum;
     /* In the worker's own backward of its loss (run_shard): only that
      * sweep defers, not one the loss function runs (tg_grad_of sweeps a
      * weight's node and drops its gradient). */
@@ -104,6 +118,7 @@ struct reduce_seg {
     double scale;
     tg_gemm_fn gemm;
     bool own_first; /* two workers: each part's own term is in already */
+    int quantum;    /* the rows are cut at multiples of it (part_rows) */
 };
 
 
@@ -131,8 +146,10 @@ struct tg_replicas {
     int64_t reduce_total; /* elements of the segments that are not deferred */
     bool defer_step;      /* this step's scales let weight gradients be deferred */
     int ndeferred;        /* deferred segments of the last reduce */
-    /* Per leaf (worker 0's order): chain_exact's verdict, 1 for the rows
-     * in chain_m (workers entries), 0 unchecked; -1: never defer. */
+    int nrefused;         /* weights the last reduce could not chain exactly */
+    /* Per leaf (worker 0's order): chain_exact's verdict, the quantum
+     * (> 0) found exact for the rows in chain_m (workers entries), 0
+     * unchecked; -1: never defer. */
     signed char *chain_state;
     int64_t *chain_m;
 };
@@ -236,6 +253,7 @@ static tg_status make_leaves(tg_replicas *r)
         w->rep.flat = calloc((size_t)n, sizeof *w->rep.flat);
         w->rep.part = k;
         w->rep.parts = r->o.workers;
+        w->rep.quantum = r->chain_state;
         if (!pairs || !w->rep.keys || !w->rep.leaves || !w->param_of || !w->rep.defer_ok ||
             !w->rep.defer || !w->rep.flat) {
             free(pairs);
@@ -266,12 +284,18 @@ static tg_status make_leaves(tg_replicas *r)
     return TG_OK;
 }
 
+/* The cuts chain_exact tries, in order: 16 suits kernels whose tiles
+ * divide it (OpenBLAS's SkylakeX sgemm), 12 the Haswell sgemm's, 48 both
+ * (at a worse balance). */
+static const int CHAIN_QUANTA[] = {16, 12, 48};
+#define N_QUANTA (int)(sizeof CHAIN_QUANTA / sizeof *CHAIN_QUANTA)
+
 /* The rows [*lo, *hi) of a deferred weight's n that part `part` of `parts`
- * makes: equal shares, cut at multiples of 16 rows. */
-static void part_rows(int64_t n, int part, int parts, int64_t *lo, int64_t *hi)
+ * makes: equal shares, cut at multiples of q rows. */
+static void part_rows(int64_t n, int part, int parts, int q, int64_t *lo, int64_t *hi)
 {
-    *lo = part ? (n * part / parts) & ~(int64_t)15 : 0;
-    *hi = part + 1 < parts ? (n * (part + 1) / parts) & ~(int64_t)15 : n;
+    *lo = part ? (n * part / parts) / q * q : 0;
+    *hi = part + 1 < parts ? (n * (part + 1) / parts) / q * q : n;
 }
 
 /* Before w's backward: a leaf's weight gradient may be deferred only when
@@ -319,9 +343,15 @@ bool tg__replica_defer_wgrad(const tg__replica *rp, const tg_tensor *w, tg_tenso
         if (!rp->sweeping || !rp->defer_ok[j] || d->g || g->dtype != x->dtype ||
             g->backend != x->backend || g->dtype != w->dtype || g->backend != w->backend)
             return false;
-        *d = (wdefer){.g = tg_tensor_retain(g), .x = tg_tensor_retain(x), .m = m, .n = n, .k = k};
+        if (rp->quantum[j] < 0) {
+            d->refused = true;
+            return false;
+        }
+        int q = rp->quantum[j] > 0 ? rp->quantum[j] : CHAIN_QUANTA[0];
+        *d = (wdefer){.g = tg_tensor_retain(g), .x = tg_tensor_retain(x), .m = m, .n = n, .k = k,
+                      .quantum = q};
         int64_t lo, hi;
-        part_rows(n, rp->part, rp->parts, &lo, &hi);
+        part_rows(n, rp->part, rp->parts, q, &lo, &hi);
         if (rp->parts == 2 && lo < hi) {
             size_t es = tg_dtype_size(g->dtype);
             TG_KERNEL(tg_gemm_fn, TG_K_GEMM, g)(true, false, hi - lo, k, m,
@@ -547,6 +577,11 @@ int tg_replicas_last_deferred(const tg_replicas *r)
     return r ? r->ndeferred : 0;
 }
 
+int tg_replicas_last_refused(const tg_replicas *r)
+{
+    return r ? r->nrefused : 0;
+}
+
 static tg_status check_inputs(int n, tg_tensor *const *inputs, int64_t *rows)
 {
     if (n < 1 || n > TG_REPLICAS_MAX_INPUTS)
@@ -647,7 +682,7 @@ static void reduce_part(const tg_replicas *r, int part, int parts)
         const reduce_seg *g = &r->seg[i];
         int64_t a, b;
         if (!g->deferred) continue;
-        part_rows(g->rows, part, parts, &a, &b);
+        part_rows(g->rows, part, parts, g->quantum, &a, &b);
         if (a < b) deferred_rows(r, g, part, a, b);
     }
     int64_t lo = r->reduce_total * part / parts, hi = r->reduce_total * (part + 1) / parts;
@@ -680,10 +715,11 @@ static void chain_fill(void *p, int64_t n, bool f64, uint64_t *u)
 }
 
 /* Whether, for leaf j's shapes and rows this step, the parts' chained GEMMs
- * over row slices (deferred_rows) give bitwise what whole GEMMs summed in
- * worker order (reduce_range, scale 1) give, on the backend's own GEMM:
- * both run once on random data. */
-static bool chain_check(const tg_replicas *r, int j)
+ * over row slices cut at multiples of q (deferred_rows; own_first: each
+ * part's own term first) give bitwise what whole GEMMs summed in worker
+ * order (reduce_range, scale 1) give, on the backend's own GEMM: both run
+ * once on random data. */
+static bool chain_check(const tg_replicas *r, int j, int q, bool own_first)
 {
     const wdefer *d0 = NULL;
     int64_t mt = 0;
@@ -721,10 +757,9 @@ static bool chain_check(const tg_replicas *r, int j)
         }
         /* Part p's rows: worker p's term first where the workers make
          * their own in backward (two of them), then the others in order. */
-        bool own_first = r->o.workers == 2;
         for (int part = 0; part < r->o.workers; part++) {
             int64_t lo, hi;
-            part_rows(n, part, r->o.workers, &lo, &hi);
+            part_rows(n, part, r->o.workers, q, &lo, &hi);
             for (int pass = own_first ? 0 : 1, first = 1; pass < 2 && lo < hi; pass++) {
                 off = 0;
                 for (int k = 0; k < r->o.workers; k++) {
@@ -750,25 +785,29 @@ static bool chain_check(const tg_replicas *r, int j)
     return exact;
 }
 
-/* chain_check's verdict for leaf j, run again only when the workers' rows
- * change; a shape that fails is never deferred again. */
-static bool chain_exact(tg_replicas *r, int j)
+/* chain_check's verdict for leaf j: the first quantum of CHAIN_QUANTA
+ * whose cuts chain exactly, or 0 for none. Run again only when the
+ * workers' rows change; a shape that fails is never deferred again. */
+static int chain_exact(tg_replicas *r, int j)
 {
     int nw = r->o.workers;
     int64_t *m = &r->chain_m[(size_t)j * (size_t)nw];
-    bool same = r->chain_state[j] == 1;
+    bool same = r->chain_state[j] > 0;
     for (int k = 0; k < nw && same; k++) {
         const wdefer *d = &r->w[k].rep.defer[j];
         same = m[k] == (d->g ? d->m : 0);
     }
-    if (same) return true;
-    if (!chain_check(r, j)) {
+    if (same) return r->chain_state[j];
+    int q = 0;
+    for (int i = 0; i < N_QUANTA && !q; i++)
+        if (chain_check(r, j, CHAIN_QUANTA[i], nw == 2)) q = CHAIN_QUANTA[i];
+    if (!q) {
         r->chain_state[j] = -1;
-        return false;
+        return 0;
     }
     for (int k = 0; k < nw; k++) m[k] = r->w[k].rep.defer[j].g ? r->w[k].rep.defer[j].m : 0;
-    r->chain_state[j] = 1;
-    return true;
+    r->chain_state[j] = (signed char)q;
+    return q;
 }
 
 /* Leaf j's deferred weight gradients: a deferred segment (*deferred) when
@@ -777,14 +816,27 @@ static bool chain_exact(tg_replicas *r, int j)
 static tg_status plan_deferred(tg_replicas *r, int j, bool can, reduce_seg *g, bool *deferred)
 {
     int nact = 0, npend = 0;
+    bool refused = false; /* by an earlier step's check */
     *deferred = false;
     for (int k = 0; k < r->o.workers; k++) {
         if (r->w[k].rows == 0) continue;
         nact++;
         npend += r->w[k].rep.defer[j].g != NULL;
+        refused |= r->w[k].rep.defer[j].refused;
     }
+    r->nrefused += refused;
     if (!npend) return TG_OK;
-    if (!can || npend != nact || !chain_exact(r, j)) {
+    int q = can && npend == nact ? chain_exact(r, j) : 0;
+    /* Two workers made their own terms in backward, cut at the quantum
+     * they knew (the first step of a shape: CHAIN_QUANTA[0]). Where the
+     * check found another, both terms are made here, in worker order,
+     * if that order chains exactly too. */
+    bool own_first = r->o.workers == 2;
+    for (int k = 0; k < r->o.workers && q && own_first; k++)
+        own_first = !r->w[k].rep.defer[j].g || r->w[k].rep.defer[j].quantum == q;
+    if (q && r->o.workers == 2 && !own_first && !chain_check(r, j, q, false)) q = 0;
+    if (can && npend == nact && !q) r->nrefused++;
+    if (!q) {
         for (int k = 0; k < r->o.workers; k++) {
             tg_status st = r->w[k].rep.defer[j].g ? wdefer_own(&r->w[k], j) : TG_OK;
             if (st) return st;
@@ -802,7 +854,8 @@ static tg_status plan_deferred(tg_replicas *r, int j, bool can, reduce_seg *g, b
         g->cols = d->k;
         g->gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, d->g);
     }
-    g->own_first = r->o.workers == 2;
+    g->own_first = own_first;
+    g->quantum = q;
     *deferred = true;
     return TG_OK;
 }
@@ -826,6 +879,7 @@ static tg_status reduce_plan(tg_replicas *r, int64_t rows)
     r->nseg = 0;
     r->reduce_total = 0;
     r->ndeferred = 0;
+    r->nrefused = 0;
     for (int j = 0; j < w0->rep.n; j++) {
         tg__param *p = &ps->p[w0->param_of[j]];
         reduce_seg *g = &r->seg[r->nseg];
@@ -990,7 +1044,8 @@ tg_status tg_replicas_step(tg_replicas *r, int n, tg_tensor *const *inputs, tg_r
         bool watched = tg__tape_grads_observed(w->tape);
         for (int j = 0; j < w->rep.n; j++) {
             const tg__param *p = &r->ps->p[w->param_of[j]];
-            w->rep.defer_ok[j] = defer && !watched && r->chain_state[j] >= 0 && !p->value->grad;
+            w->rep.defer_ok[j] = defer && !watched && !p->value->grad;
+            w->rep.defer[j].refused = false;
             w->rep.flat[j] = tg__tensor_ptr(p->gview);
         }
     }
