@@ -27,11 +27,11 @@
  *
  * Where the slices are cut matters: a GEMM kernel works on tiles of its
  * output, and an edge tile may sum in another order than a whole one
- * (OpenBLAS 0.3.21's Haswell sgemm, also used on AMD Zen, takes 12 rows
- * of dW at a time and sums the last 4 of 16 in two halves). A slice that
- * starts at a multiple of the tile has the tiles of the whole GEMM. So the
- * cuts are at multiples of a quantum, the first of CHAIN_QUANTA whose
- * chained GEMMs the check finds exact. */
+ * (OpenBLAS 0.3.21's Haswell sgemm, also used on AMD Zen, works on dW's
+ * rows 12 at a time and sums a remainder of fewer rows in another order).
+ * A slice that starts at a multiple of the tile has the tiles of the
+ * whole GEMM. So the cuts are at multiples of a quantum, the first of
+ * CHAIN_QUANTA whose chained GEMMs the check finds exact. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
