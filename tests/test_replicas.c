@@ -232,15 +232,25 @@ Test(replicas, two_workers_sum_the_halves_gradients_to_the_bit)
     model_free(&m);
 }
 
+/* Whether a refused deferral fails the test: tests/blas_kernels.sh sets
+ * TG_TEST_NO_REFUSALS where the BLAS is an OpenBLAS whose kernel families
+ * all chain this file's shapes exactly at one of the library's cuts. */
+static bool refusals_fail(void)
+{
+    const char *v = getenv("TG_TEST_NO_REFUSALS");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 /* Deferred weight gradients (replicas.h): where a step makes a weight's
  * gradient from the workers' activations in the reduce, the bits are
  * those of s0 g0 + s1 g1 + ... taken in worker order over the shards'
  * plain gradients, as where it does not; which steps defer. Whether a
  * shape's chained GEMMs are exact is the BLAS's affair (the check refuses
- * the others), so the count asserted is deferred + refused; on OpenBLAS
- * 0.3.21's SkylakeX and Haswell kernels nothing here is refused (on
- * Haswell only after the cut of 16 rows fails and 12 passes, which the
- * first step of each case goes through). */
+ * the others), so the count asserted is deferred + refused, and no refusal
+ * at all under TG_TEST_NO_REFUSALS: on every kernel family of OpenBLAS
+ * 0.3.21 nothing here is refused (on Haswell and Zen only after the cut of
+ * 16 rows fails and 12 passes, which the first step of each case goes
+ * through). */
 Test(replicas, deferred_weight_gradients_keep_the_bits)
 {
     static const struct {
@@ -282,6 +292,8 @@ Test(replicas, deferred_weight_gradients_keep_the_bits)
                 if (rf)
                     fprintf(stderr, "test_replicas: %s case %zu, run %d: the BLAS refused %d "
                                     "deferral(s)\n", tg_dtype_name(dt), c, rep, rf);
+                cr_assert(!rf || !refusals_fail(), "%s case %zu: %d refused",
+                          tg_dtype_name(dt), c, rf);
                 double *got = flat_values(m.ps, dt, true);
                 for (int64_t i = 0; i < n; i++) {
                     double want;
@@ -652,6 +664,7 @@ Test(replicas, fused_optimizer_update_gives_the_bits_of_optim_step)
                              TG_OK);
                 cr_assert_eq(tg_replicas_last_deferred(ra) + tg_replicas_last_refused(ra),
                              nw == 2 ? 2 : 0);
+                cr_assert(!tg_replicas_last_refused(ra) || !refusals_fail());
                 cr_assert_eq(tg_optim_step(ob), TG_OK);
             }
             cr_assert_eq(tg_optim_step_count(oa), 4);
