@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -211,6 +212,36 @@ void bench_env_get(bench_env *env)
     env->version = tg_version();
 }
 
+/* The widest vector ISA of OpenBLAS's x86 kernel family `core` (0.3.21's
+ * names): 3 AVX-512, 2 AVX2, 1 AVX, 0 older or unknown. */
+static int core_isa(const char *core)
+{
+    static const char *const avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+    static const char *const avx2[] = {"Haswell", "Zen", "Excavator"};
+    static const char *const avx[] = {"Sandybridge", "Bulldozer", "Piledriver", "Steamroller"};
+    for (size_t i = 0; i < sizeof avx512 / sizeof *avx512; i++)
+        if (!strcasecmp(core, avx512[i])) return 3;
+    for (size_t i = 0; i < sizeof avx2 / sizeof *avx2; i++)
+        if (!strcasecmp(core, avx2[i])) return 2;
+    for (size_t i = 0; i < sizeof avx / sizeof *avx; i++)
+        if (!strcasecmp(core, avx[i])) return 1;
+    return 0;
+}
+
+/* The CPU's widest: as core_isa. */
+static int cpu_isa(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+        return 3;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 2;
+    if (__builtin_cpu_supports("avx")) return 1;
+#endif
+    return 0;
+}
+
 void bench_print_env(FILE *f, const bench_env *env)
 {
     fprintf(f, "tapegrad %s, tensor storage via %s, f32 math kernels %s\n", env->version,
@@ -225,6 +256,17 @@ void bench_print_env(FILE *f, const bench_env *env)
     fprintf(f, "openblas  core %s (OPENBLAS_CORETYPE=%s)\n", env->blas_core,
             env->env_coretype ? env->env_coretype : "unset");
     fprintf(f, "          config: %s\n", env->blas_config);
+    /* OPENBLAS_CORETYPE can pin kernels narrower than the CPU's: on this
+     * project's AVX-512 machine, Haswell's made the mlp's step 1.7x and the
+     * deep MLP's 1.8x slower than the Cooperlake kernels OpenBLAS picks
+     * itself (docs/benchmarks.md). Said, not changed: it is the user's. */
+    static const char *const isa[] = {"SSE", "AVX", "AVX2", "AVX-512"};
+    int want = cpu_isa(), got = core_isa(env->blas_core);
+    if (env->env_coretype && got > 0 && got < want)
+        fprintf(f,
+                "          note: OPENBLAS_CORETYPE=%s pins %s kernels on a CPU with %s; unset, "
+                "OpenBLAS picks wider ones (faster GEMMs)\n",
+                env->env_coretype, isa[got], isa[want]);
 }
 
 void bench_json_str(FILE *f, const char *s)
