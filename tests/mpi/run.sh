@@ -3,7 +3,9 @@
 #   test_dist all    under 2 and 3 ranks: every "ok"/"FAIL" line, exit 0;
 #   test_dist hang   under 2 ranks: rank 1 sleeps past timeout_s = 2, so
 #                    rank 0 must report "timed out" and abort the job
-#                    (mpirun exits non-zero) within a bounded time;
+#                    (mpirun exits non-zero) within a bounded time; rank 1
+#                    is killed by the abort or, if mpirun is slow to act
+#                    on it, must time out itself (its FAIL line otherwise);
 #   test_dist die    under 2 ranks: rank 1 is killed; mpirun must end the
 #                    job (non-zero) within a bounded time;
 #   tapegrad train digits --dist under 2 and 3 ranks: the accuracy band of
@@ -53,7 +55,7 @@ echo "$out"
 elapsed=$(( (t1 - t0) / 1000000 ))
 echo "hang: exit $rc after ${elapsed} ms"
 if [ $rc -eq 0 ] || [ $rc -eq 124 ] || grep -q '^FAIL' <<<"$out" ||
-   ! grep -q '^ok 0 hang_rank0_times_out' <<<"$out" || grep -q 'past the hang' <<<"$out"; then
+   ! grep -q '^ok 0 hang_rank0_times_out' <<<"$out"; then
     echo "FAIL: the hanging rank scenario (exit $rc)"
     status=1
 fi
