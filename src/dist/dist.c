@@ -15,11 +15,13 @@
  * hang. After a timeout the ranks are out of step (collectives in flight
  * that will never match), so the context refuses further work. */
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <tapegrad/dist.h>
 
@@ -242,11 +244,46 @@ tg_status tg_dist_last_stats(const tg_dist *d, tg_dist_stats *out)
     return TG_OK;
 }
 
+/* MPI_Abort should end the job and not return, but it can hang: once, in
+ * CI under ASan on a loaded machine, Open MPI 4.1.4 logged an error
+ * unpacking the abort's message, and the job went on while the aborting
+ * rank stayed in MPI_Abort. So a watchdog thread ends this process with
+ * the code after the dist's timeout_s; mpirun, seeing a rank exit non-zero
+ * without MPI_Finalize, then ends the rest of the job. */
+typedef struct abort_watch {
+    double delay_s;
+    int code;
+} abort_watch;
+
+static void *abort_watchdog(void *arg)
+{
+    const abort_watch *w = arg;
+    struct timespec ts = {(time_t)w->delay_s,
+                          (long)((w->delay_s - (double)(time_t)w->delay_s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+    fprintf(stderr, "tapegrad: MPI_Abort has not ended the job after %g s; exiting with %d\n",
+            w->delay_s, w->code);
+    fflush(stdout);
+    fflush(stderr);
+    _exit(w->code ? w->code : 1);
+    return NULL;
+}
+
 tg_status tg_dist_abort(tg_dist *d, int code)
 {
     if (!d) return tg__err(TG_ERR_NULL, "bad argument #1 to 'dist_abort' (NULL dist context)");
     fflush(stdout);
     fflush(stderr);
+    static abort_watch watch; /* one abort per process: it outlives this call */
+    watch = (abort_watch){.delay_s = d->o.timeout_s, .code = code};
+    pthread_t t;
+    pthread_attr_t attr;
+    if (!pthread_attr_init(&attr)) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        (void)pthread_create(&t, &attr, abort_watchdog, &watch);
+        pthread_attr_destroy(&attr);
+    }
     int rc = MPI_Abort(d->comm, code);
     return mpi_fail(d, rc, "MPI_Abort");
 }

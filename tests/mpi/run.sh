@@ -6,6 +6,9 @@
 #                    (mpirun exits non-zero) within a bounded time; rank 1
 #                    is killed by the abort or, if mpirun is slow to act
 #                    on it, must time out itself (its FAIL line otherwise);
+#   test_dist abort_hang under 2 ranks: rank 0's MPI_Abort is made to
+#                    hang; tg_dist_abort's watchdog must exit with the code
+#                    after timeout_s = 2 and mpirun end the job;
 #   test_dist die    under 2 ranks: rank 1 is killed; mpirun must end the
 #                    job (non-zero) within a bounded time;
 #   tapegrad train digits --dist under 2 and 3 ranks: the accuracy band of
@@ -57,6 +60,21 @@ echo "hang: exit $rc after ${elapsed} ms"
 if [ $rc -eq 0 ] || [ $rc -eq 124 ] || grep -q '^FAIL' <<<"$out" ||
    ! grep -q '^ok 0 hang_rank0_times_out' <<<"$out"; then
     echo "FAIL: the hanging rank scenario (exit $rc)"
+    status=1
+fi
+
+echo "== test_dist abort_hang, 2 ranks (MPI_Abort made to hang: the watchdog must end the job)"
+t0=$(date +%s%N)
+out=$(timeout 60 "${mpi[@]}" -np 2 "$exe" abort_hang "$scratch" 2>&1)
+rc=$?
+t1=$(date +%s%N)
+echo "$out"
+elapsed=$(( (t1 - t0) / 1000000 ))
+echo "abort_hang: exit $rc after ${elapsed} ms"
+if [ $rc -eq 0 ] || [ $rc -eq 124 ] || grep -q '^FAIL' <<<"$out" ||
+   ! grep -q 'MPI_Abort has not ended the job after 2 s; exiting with 5' <<<"$out" ||
+   grep -q 'past' <<<"$out" || [ "$elapsed" -ge 25000 ]; then
+    echo "FAIL: the hanging MPI_Abort scenario (exit $rc)"
     status=1
 fi
 

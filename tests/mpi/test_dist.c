@@ -614,6 +614,39 @@ static int run_hang(tg_dataset *ds)
     _exit(1);
 }
 
+/* ---- An MPI_Abort that hangs (as Open MPI's once did in CI): the
+ * program's own MPI_Abort (the MPI profiling interface lets a program
+ * define it; the real one is PMPI_Abort) never returns while
+ * abort_hangs is set. tg_dist_abort's watchdog must end the process with
+ * the code after timeout_s, and mpirun then the job. */
+static bool abort_hangs;
+
+int MPI_Abort(MPI_Comm comm, int code)
+{
+    if (!abort_hangs) return PMPI_Abort(comm, code);
+    printf("rank %d: MPI_Abort hangs\n", rank);
+    fflush(stdout);
+    for (;;) pause();
+}
+
+static int run_abort_hang(tg_dataset *ds)
+{
+    (void)ds;
+    tg_dist *d;
+    tg_status st = tg_dist_new(MPI_COMM_WORLD, &(tg_dist_opts){.timeout_s = 2}, &d);
+    check(st == TG_OK, "abort_hang_setup", "%s", tg_last_error_message());
+    if (rank == 0) {
+        abort_hangs = true;
+        tg_dist_abort(d, 5);
+        printf("rank 0: past tg_dist_abort\n"); /* not reached */
+    } else {
+        sleep(30); /* killed by mpirun once rank 0 has exited */
+        printf("rank %d: past the abort\n", rank);
+    }
+    fflush(stdout);
+    _exit(1);
+}
+
 /* ---- A rank that dies: mpirun ends the job. */
 static int run_die(tg_dataset *ds)
 {
@@ -656,6 +689,7 @@ int main(int argc, char **argv)
     tg_dataset *ds = make_data();
     if (!strcmp(mode, "hang")) return run_hang(ds);
     if (!strcmp(mode, "die")) return run_die(ds);
+    if (!strcmp(mode, "abort_hang")) return run_abort_hang(ds);
     tg_dist *d;
     tg_status st = tg_dist_new(MPI_COMM_WORLD, NULL, &d);
     check(st == TG_OK && tg_dist_rank(d) == rank && tg_dist_size(d) == size, "new", "%s",
