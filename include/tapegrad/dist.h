@@ -171,7 +171,8 @@ tg_status tg_dist_last_stats(const tg_dist *d, tg_dist_stats *out);
  * process with code (after a line on stderr) if MPI_Abort has neither
  * ended it nor returned after d's timeout_s: MPI_Abort can hang, and
  * mpirun ends the job once a rank exits non-zero. Returns only if
- * MPI_Abort does (then TG_ERR_DIST); TG_ERR_NULL for a NULL d. */
+ * MPI_Abort does (then TG_ERR_DIST, and the watchdog still ends the
+ * process after timeout_s); TG_ERR_NULL for a NULL d. */
 tg_status tg_dist_abort(tg_dist *d, int code);
 
 #if defined(TG_BUILDING) && defined(__GNUC__)

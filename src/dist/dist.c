@@ -17,6 +17,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,11 +276,14 @@ tg_status tg_dist_abort(tg_dist *d, int code)
     if (!d) return tg__err(TG_ERR_NULL, "bad argument #1 to 'dist_abort' (NULL dist context)");
     fflush(stdout);
     fflush(stderr);
-    static abort_watch watch; /* one abort per process: it outlives this call */
-    watch = (abort_watch){.delay_s = d->o.timeout_s, .code = code};
+    /* One watchdog a process, started by the first call: it reads `watch`
+     * for as long as it lives. */
+    static abort_watch watch;
+    static atomic_flag started = ATOMIC_FLAG_INIT;
     pthread_t t;
     pthread_attr_t attr;
-    if (!pthread_attr_init(&attr)) {
+    if (!atomic_flag_test_and_set(&started) && !pthread_attr_init(&attr)) {
+        watch = (abort_watch){.delay_s = d->o.timeout_s, .code = code};
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         (void)pthread_create(&t, &attr, abort_watchdog, &watch);
         pthread_attr_destroy(&attr);
