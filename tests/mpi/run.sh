@@ -49,14 +49,21 @@ for np in 2 3; do
     fi
 done
 
+# One failure scenario of test_dist under 2 ranks (bounded by timeout(1)):
+# sets out (its output, also printed), rc and elapsed (ms).
+scenario() {
+    local t0 t1
+    t0=$(date +%s%N)
+    out=$(timeout 60 "${mpi[@]}" -np 2 "$exe" "$1" "$scratch" 2>&1)
+    rc=$?
+    t1=$(date +%s%N)
+    echo "$out"
+    elapsed=$(( (t1 - t0) / 1000000 ))
+    echo "$1: exit $rc after ${elapsed} ms"
+}
+
 echo "== test_dist hang, 2 ranks (expect a timeout on rank 0 and an abort)"
-t0=$(date +%s%N)
-out=$(timeout 60 "${mpi[@]}" -np 2 "$exe" hang "$scratch" 2>&1)
-rc=$?
-t1=$(date +%s%N)
-echo "$out"
-elapsed=$(( (t1 - t0) / 1000000 ))
-echo "hang: exit $rc after ${elapsed} ms"
+scenario hang
 if [ $rc -eq 0 ] || [ $rc -eq 124 ] || grep -q '^FAIL' <<<"$out" ||
    ! grep -q '^ok 0 hang_rank0_times_out' <<<"$out"; then
     echo "FAIL: the hanging rank scenario (exit $rc)"
@@ -64,13 +71,7 @@ if [ $rc -eq 0 ] || [ $rc -eq 124 ] || grep -q '^FAIL' <<<"$out" ||
 fi
 
 echo "== test_dist abort_hang, 2 ranks (MPI_Abort made to hang: the watchdog must end the job)"
-t0=$(date +%s%N)
-out=$(timeout 60 "${mpi[@]}" -np 2 "$exe" abort_hang "$scratch" 2>&1)
-rc=$?
-t1=$(date +%s%N)
-echo "$out"
-elapsed=$(( (t1 - t0) / 1000000 ))
-echo "abort_hang: exit $rc after ${elapsed} ms"
+scenario abort_hang
 if [ $rc -eq 0 ] || [ $rc -eq 124 ] || grep -q '^FAIL' <<<"$out" ||
    ! grep -q 'MPI_Abort has not ended the job after 2 s; exiting with 5' <<<"$out" ||
    grep -q 'past' <<<"$out" || [ "$elapsed" -ge 25000 ]; then
@@ -79,13 +80,7 @@ if [ $rc -eq 0 ] || [ $rc -eq 124 ] || grep -q '^FAIL' <<<"$out" ||
 fi
 
 echo "== test_dist die, 2 ranks (expect mpirun to end the job)"
-t0=$(date +%s%N)
-out=$(timeout 60 "${mpi[@]}" -np 2 "$exe" die "$scratch" 2>&1)
-rc=$?
-t1=$(date +%s%N)
-echo "$out"
-elapsed=$(( (t1 - t0) / 1000000 ))
-echo "die: exit $rc after ${elapsed} ms"
+scenario die
 if [ $rc -eq 0 ] || [ $rc -eq 124 ]; then
     echo "FAIL: the dying rank scenario (exit $rc)"
     status=1
