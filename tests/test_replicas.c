@@ -198,15 +198,23 @@ static void shard_grads(model *m, tg_dtype dt, int nw, double **g)
     }
 }
 
-/* got is, bitwise in float, 0.5 g[0] + 0.5 g[1] (two workers' mean). */
-static void expect_mean_of_halves(const double *got, double *const *g, int64_t n, int run)
+/* got is, bitwise in dt, 0.5 g[0] + 0.5 g[1] (two workers' mean). */
+static void expect_mean_of_halves(tg_dtype dt, const double *got, double *const *g, int64_t n,
+                                  int run)
 {
     for (int64_t i = 0; i < n; i++) {
-        float want = 0.5f * (float)g[0][i];
-        want += 0.5f * (float)g[1][i];
-        float gi = (float)got[i];
-        cr_assert_eq(memcmp(&gi, &want, sizeof gi), 0, "run %d, element %lld: %.9g vs %.9g", run,
-                     (long long)i, (double)gi, (double)want);
+        double want;
+        if (dt == TG_F64) {
+            want = 0.5 * g[0][i];
+            want += 0.5 * g[1][i];
+        } else {
+            float w = 0.5f * (float)g[0][i];
+            w += 0.5f * (float)g[1][i];
+            want = w;
+        }
+        cr_assert_eq(memcmp(&got[i], &want, sizeof want), 0,
+                     "%s, run %d, element %lld: %.17g vs %.17g", tg_dtype_name(dt), run,
+                     (long long)i, got[i], want);
     }
 }
 
@@ -224,7 +232,7 @@ Test(replicas, two_workers_sum_the_halves_gradients_to_the_bit)
     for (int rep = 0; rep < 2; rep++) {
         double l;
         double *got = replica_grad(&m, 2, TG_CHECKPOINT_NONE, &l);
-        expect_mean_of_halves(got, half, n, rep);
+        expect_mean_of_halves(TG_F32, got, half, n, rep);
         free(got);
     }
     free(half[0]);
@@ -357,7 +365,7 @@ Test(replicas, a_shape_whose_chained_gemms_round_differently_is_not_deferred)
         if (rep == 0) first = d;
         cr_assert_eq(d, first, "the verdict changed: %d then %d", first, d);
         double *got = flat_values(m.ps, TG_F32, true);
-        expect_mean_of_halves(got, g, n, rep);
+        expect_mean_of_halves(TG_F32, got, g, n, rep);
         free(got);
     }
     free(g[0]);
@@ -391,20 +399,7 @@ Test(replicas, on_the_ref_backend_f64_defers_and_f32_is_refused)
             cr_assert_eq(tg_replicas_last_deferred(r), d ? 2 : 0, "%s", tg_dtype_name(dt));
             cr_assert_eq(tg_replicas_last_refused(r), d ? 0 : 2, "%s", tg_dtype_name(dt));
             double *got = flat_values(m.ps, dt, true);
-            for (int64_t i = 0; i < n; i++) {
-                double want;
-                if (d) {
-                    want = 0.5 * g[0][i];
-                    want += 0.5 * g[1][i];
-                } else {
-                    float w = 0.5f * (float)g[0][i];
-                    w += 0.5f * (float)g[1][i];
-                    want = w;
-                }
-                cr_assert_eq(memcmp(&got[i], &want, sizeof want), 0,
-                             "%s, run %d, element %lld: %.17g vs %.17g", tg_dtype_name(dt), rep,
-                             (long long)i, got[i], want);
-            }
+            expect_mean_of_halves(dt, got, g, n, rep);
             free(got);
         }
         free(g[0]);
