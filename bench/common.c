@@ -216,15 +216,14 @@ void bench_env_get(bench_env *env)
  * names): 3 AVX-512, 2 AVX2, 1 AVX, 0 older or unknown. */
 static int core_isa(const char *core)
 {
-    static const char *const avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
-    static const char *const avx2[] = {"Haswell", "Zen", "Excavator"};
-    static const char *const avx[] = {"Sandybridge", "Bulldozer", "Piledriver", "Steamroller"};
-    for (size_t i = 0; i < sizeof avx512 / sizeof *avx512; i++)
-        if (!strcasecmp(core, avx512[i])) return 3;
-    for (size_t i = 0; i < sizeof avx2 / sizeof *avx2; i++)
-        if (!strcasecmp(core, avx2[i])) return 2;
-    for (size_t i = 0; i < sizeof avx / sizeof *avx; i++)
-        if (!strcasecmp(core, avx[i])) return 1;
+    static const struct {
+        const char *name;
+        int isa;
+    } cores[] = {{"SkylakeX", 3},    {"Cooperlake", 3}, {"SapphireRapids", 3}, {"Haswell", 2},
+                 {"Zen", 2},         {"Excavator", 2},  {"Sandybridge", 1},    {"Bulldozer", 1},
+                 {"Piledriver", 1}, {"Steamroller", 1}};
+    for (size_t i = 0; i < sizeof cores / sizeof *cores; i++)
+        if (!strcasecmp(core, cores[i].name)) return cores[i].isa;
     return 0;
 }
 

@@ -826,7 +826,8 @@ static tg_status plan_deferred(tg_replicas *r, int j, bool can, reduce_seg *g, b
     }
     r->nrefused += refused;
     if (!npend) return TG_OK;
-    int q = can && npend == nact ? chain_exact(r, j) : 0;
+    bool eligible = can && npend == nact; /* every worker with rows deferred it */
+    int q = eligible ? chain_exact(r, j) : 0;
     /* Two workers made their own terms in backward, cut at the quantum
      * they knew (the first step of a shape: CHAIN_QUANTA[0]). Where the
      * check found another, both terms are made here, in worker order,
@@ -835,7 +836,7 @@ static tg_status plan_deferred(tg_replicas *r, int j, bool can, reduce_seg *g, b
     for (int k = 0; k < r->o.workers && q && own_first; k++)
         own_first = !r->w[k].rep.defer[j].g || r->w[k].rep.defer[j].quantum == q;
     if (q && r->o.workers == 2 && !own_first && !chain_check(r, j, q, false)) q = 0;
-    if (can && npend == nact && !q) r->nrefused++;
+    if (eligible && !q) r->nrefused++;
     if (!q) {
         for (int k = 0; k < r->o.workers; k++) {
             tg_status st = r->w[k].rep.defer[j].g ? wdefer_own(&r->w[k], j) : TG_OK;
