@@ -47,6 +47,15 @@ zero_grad, whose .grad tensors likewise exist before the step): the
 step starts from zero_grad(set_to_none=True) and allocates every gradient
 (on deep it gives the 65 MiB the higher-order issue quoted).
 
+With --rounds N (N > 1) it runs the three sides N times, each round in a
+rotating order (PyTorch, libtorch, tapegrad; then libtorch first; then
+tapegrad first), prints the first round's table as above and then, per
+workload and variant, each round's tapegrad/PyTorch and tapegrad/libtorch
+ratio with their median and range (the JSON's "rounds"). This machine's
+speed moves by 20-30% from one phase to the next, and a side that runs
+once runs in one phase: the ratios of alternating rounds are the figure
+to quote.
+
 With --hvp it compares Hessian-vector products instead: on mlp and
 elementwise, PyTorch's double backward (torch.autograd.grad of the loss
 with create_graph=True, then torch.autograd.grad of <g, v>) against
@@ -60,7 +69,7 @@ faulted in again every step; see MALLOC_TUNING below.
 
 Usage: /usr/bin/python3 bench/torch_compare.py [TAPEGRAD] [--threads N]
            [--quick] [-w WORKLOAD ...] [--json FILE] [--hvp] [--cpp | --no-cpp]
-           [--default-malloc]
+           [--default-malloc] [--rounds N]
 TAPEGRAD is the tapegrad binary (default build/tools/tapegrad). Exits 0
 with a message, doing nothing, where PyTorch is not installed.
 """
@@ -103,9 +112,15 @@ def parse_args():
                      help="leave the libtorch column out")
     ap.add_argument("--default-malloc", action="store_true",
                     help="leave glibc malloc's thresholds as they are (see MALLOC_TUNING)")
+    ap.add_argument("--rounds", type=int, default=1, metavar="N",
+                    help="run libtorch and tapegrad N times, alternating which goes first, "
+                         "and give each tapegrad/libtorch ratio as the median and range of "
+                         "the N rounds' ratios (default 1)")
     a = ap.parse_args()
     if a.threads < 1:
         ap.error("--threads must be >= 1")
+    if a.rounds < 1:
+        ap.error("--rounds must be >= 1")
     return a
 
 
@@ -528,11 +543,21 @@ def main():
     if ARGS.quick:
         print("QUICK RUN: 5 samples after 1 warm-up; a smoke run, not a measurement")
     sys.stdout.flush()
-    pt = {}
-    for n in names:
-        pt[n] = run_torch(n, ARGS.quick)
-    sys.stdout.flush()
-    cpp = run_cpp(cpp_bin, names, ARGS.quick, ARGS.threads) if cpp_bin else None
+    rounds = []  # each: (pt, cpp, tg, cmd), the sides run in a rotating order
+    for r in range(ARGS.rounds):
+        side = {}
+        order = ["py", "cpp", "tg"]
+        order = order[r % 3:] + order[:r % 3]
+        for k in order:
+            if k == "py":
+                side[k] = {n: run_torch(n, ARGS.quick) for n in names}
+            elif k == "cpp":
+                side[k] = run_cpp(cpp_bin, names, ARGS.quick, ARGS.threads) if cpp_bin else None
+            else:
+                side[k] = run_tapegrad(names, ARGS.quick, ARGS.threads)
+            sys.stdout.flush()
+        rounds.append((side["py"], side["cpp"], side["tg"][0], side["tg"][1]))
+    pt, cpp, tg, cmd = rounds[0]
     cw = {}
     if cpp:
         cw = cpp[0]
@@ -543,7 +568,6 @@ def main():
                 print("note: %s: libtorch's loss %.6g differs from PyTorch's %.6g"
                       % (n, c["loss"], pt[n]["loss"]))
         sys.stdout.flush()
-    tg, cmd = run_tapegrad(names, ARGS.quick, ARGS.threads)
     print("tapegrad: %s (%s, OpenBLAS core %s, %d threads)" % (
         cmd, tg["cpu"], tg["openblas_core"], tg["openblas_threads"]))
     tgw = {w["name"]: w for w in tg["workloads"]}
@@ -601,11 +625,43 @@ def main():
         out["ratios"].setdefault(n, {})["mem_peak_fwd_bwd"] = a / b if b else None
         print("%-12s %9.3f %9.3f %6s %13.3f" % (n, a / 1e6, b / 1e6,
                                                "%.3f" % (a / b) if b else "-", d / 1e6))
+    if ARGS.rounds > 1:
+        out["rounds"] = round_ratios(names, rounds)
     if ARGS.json:
         with open(ARGS.json, "w") as fh:
             json.dump(out, fh, indent=1)
         print("wrote %s" % ARGS.json)
     return 0
+
+
+def round_ratios(names, rounds):
+    """Prints and returns, per workload and variant, the tapegrad / PyTorch and
+    tapegrad / libtorch ratio of each round (both sides' medians in that
+    round), with their median and range."""
+    print("\nratios over %d rounds (each round runs PyTorch, libtorch and tapegrad in "
+          "turn, the first of them rotating): median (min-max), then each round's" % len(rounds))
+    res = {}
+    for n in names:
+        res[n] = {}
+        for v in VARIANTS:
+            for key, label in (("py", "tg/py"), ("cpp", "tg/cpp")):
+                rs = []
+                for pt, cpp, tg, _ in rounds:
+                    w = {x["name"]: x for x in tg["workloads"]}.get(n)
+                    if not w or not w.get("ok"):
+                        continue
+                    other = pt[n][v] if key == "py" else (cpp[0].get(n, {}).get(v) if cpp else None)
+                    if other:
+                        rs.append(w[v]["median"] / other["median"])
+                if not rs:
+                    continue
+                res[n].setdefault(v, {})[key] = rs
+                srt = sorted(rs)
+                mid = len(srt) // 2
+                med = srt[mid] if len(srt) % 2 else (srt[mid - 1] + srt[mid]) / 2
+                print("%-12s %-10s %-6s %.3f (%.3f-%.3f)  %s" % (
+                    n, v, label, med, srt[0], srt[-1], " ".join("%.3f" % x for x in rs)))
+    return res
 
 
 if __name__ == "__main__":
