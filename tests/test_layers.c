@@ -391,7 +391,8 @@ Test(layers, bad_arguments_fail_with_exact_codes)
 
 /* ---- tg_sequential: a small CNN (conv2d, relu, flatten, linear, layer
  * norm, tanh, a custom stage) gives the op-by-op forward's output and
- * gradients bit for bit, with and without segments, while its tensor peak
+ * gradients bit for bit, with and without segments (its conv and relu as
+ * one conv2d_relu op), while its tensor peak
  * over forward and backward in one scope is what the tape keeps plus one
  * stage's values, not every intermediate. */
 typedef struct {
@@ -443,12 +444,29 @@ static void cnn_free(cnn *m)
 }
 
 /* mode 0: op by op; 1: the container without segments; 2: with sqrt(8)
- * groups. The loss into *loss, every parameter gradient into g (caller
+ * groups; 3: 8 groups (each stage its own segment, so the relu after the
+ * conv, which the container runs inside the conv's stage as conv2d_relu,
+ * is a segment that passes its input on); 4 and 5: binomial with 2 and 3
+ * slots. The loss into *loss, every parameter gradient into g (caller
  * frees), the tensor peak above what was live before as the result. */
+#define CNN_MODES 6
+static const int cnn_nsegments[CNN_MODES] = {0, 1, 0, 8, -2, -3};
+
+/* Whether the tape's profile has a row for op. */
+static bool profiled(const tg_tape *tape, const char *op)
+{
+    tg_profile_row rows[32];
+    int n = tg_tape_profile_rows(tape, rows, 32);
+    for (int i = 0; i < n && i < 32; i++)
+        if (strcmp(rows[i].op, op) == 0) return true;
+    return false;
+}
+
 static size_t cnn_step(cnn *m, int mode, tg_tensor *x, double *loss, double **g, size_t *ng)
 {
     tg_tape *tape = tg_tape_new(NULL);
     cr_assert_eq(tg_params_requires_grad(m->ps, tape), TG_OK);
+    cr_assert_eq(tg_tape_profile_enable(tape, true), TG_OK);
     size_t before = tg_mem_current_bytes();
     tg_mem_reset_peak();
     tg_scope_begin();
@@ -459,7 +477,7 @@ static size_t cnn_step(cnn *m, int mode, tg_tensor *x, double *loss, double **g,
         h = tg_tanh(tg_layer_norm_layer_forward(m->ln, tg_linear_forward(m->fc1, h)));
         y = tg_mul_scalar(tg_linear_forward(m->fc2, h), 0.5);
     } else {
-        y = tg_sequential_forward(m->seq, tape, mode == 1 ? 1 : 0, x);
+        y = tg_sequential_forward(m->seq, tape, cnn_nsegments[mode], x);
     }
     cr_assert_not_null(y, "%s", tg_last_error_message());
     tg_tensor *l = tg_mean(tg_mul(y, y));
@@ -467,6 +485,9 @@ static size_t cnn_step(cnn *m, int mode, tg_tensor *x, double *loss, double **g,
     cr_assert_eq(tg_tensor_item(l, loss), TG_OK);
     tg_scope_end();
     size_t peak = tg_mem_peak_bytes() - before;
+    /* The container runs the conv and the relu after it as one op. */
+    cr_expect_eq(profiled(tape, "conv2d_relu"), mode > 0, "mode %d", mode);
+    cr_expect_eq(profiled(tape, "relu"), mode == 0, "mode %d", mode);
     int np = tg_params_count(m->ps);
     *ng = 0;
     for (int i = 0; i < np; i++) *ng += (size_t)tg_tensor_numel(tg_params_at(m->ps, i));
@@ -490,10 +511,10 @@ Test(layers, sequential_matches_the_op_by_op_forward_and_frees_as_it_goes)
     tg_rng rng;
     tg_rng_seed(&rng, 4);
     tg_tensor *x = tg_rand_normal(&rng, TG_F64, 4, SHAPE(64, 1, 12, 12), 0, 1);
-    double loss[3], *g[3];
-    size_t ng[3], peak[3];
-    for (int k = 0; k < 3; k++) peak[k] = cnn_step(&m, k, x, &loss[k], &g[k], &ng[k]);
-    for (int k = 1; k < 3; k++) {
+    double loss[CNN_MODES], *g[CNN_MODES];
+    size_t ng[CNN_MODES], peak[CNN_MODES];
+    for (int k = 0; k < CNN_MODES; k++) peak[k] = cnn_step(&m, k, x, &loss[k], &g[k], &ng[k]);
+    for (int k = 1; k < CNN_MODES; k++) {
         cr_expect_eq(loss[k], loss[0], "mode %d: loss %.17g, op by op %.17g", k, loss[k], loss[0]);
         cr_assert_eq(ng[k], ng[0]);
         cr_expect_eq(memcmp(g[k], g[0], ng[0] * sizeof(double)), 0, "mode %d: other gradients", k);
@@ -501,15 +522,48 @@ Test(layers, sequential_matches_the_op_by_op_forward_and_frees_as_it_goes)
     /* Op by op the scope holds the conv output, the relu output (its view
      * reshaped) and the small tail until backward ends: at least two
      * (64, 4, 10, 10) f64 activations, 400 KiB, beside the gradients. The
-     * container frees the conv output once relu (which saves its own
-     * output) has run: one activation less. */
+     * container never holds the conv output before the relu (conv2d_relu
+     * rectifies in place, and keeps its own output): one activation
+     * less. */
     size_t act = 64 * 4 * 10 * 10 * sizeof(double);
     cr_expect_geq(peak[0], 2 * act, "op by op: %zu bytes", peak[0]);
     cr_expect_leq(peak[1] + act, peak[0] + act / 8, "container: %zu bytes, op by op %zu",
                   peak[1], peak[0]);
-    for (int k = 0; k < 3; k++) free(g[k]);
+    for (int k = 0; k < CNN_MODES; k++) free(g[k]);
     tg_tensor_release(x);
     cnn_free(&m);
+    cr_expect_eq(tg_mem_current_bytes(), 0);
+}
+
+/* Only a relu right after a conv2d module joins it: conv, tanh, relu
+ * records conv2d, tanh and relu. */
+Test(layers, sequential_fuses_only_a_relu_right_after_a_conv)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 3);
+    tg_params *ps = tg_params_new();
+    tg_conv2d_layer *conv = tg_conv2d_layer_new(ps, "conv", 1, 2, 3, 3, NULL, true, TG_F32, &rng);
+    tg_sequential *s = tg_sequential_new();
+    cr_assert(ps && conv && s, "%s", tg_last_error_message());
+    cr_assert_eq(tg_sequential_add_conv2d(s, conv), TG_OK);
+    cr_assert_eq(tg_sequential_add_map(s, tg_tanh), TG_OK);
+    cr_assert_eq(tg_sequential_add_map(s, tg_relu), TG_OK);
+    tg_tape *tape = tg_tape_new(NULL);
+    cr_assert_eq(tg_params_requires_grad(ps, tape), TG_OK);
+    cr_assert_eq(tg_tape_profile_enable(tape, true), TG_OK);
+    tg_tensor *x = tg_rand_normal(&rng, TG_F32, 4, SHAPE(2, 1, 6, 6), 0, 1);
+    tg_scope_begin();
+    tg_tensor *y = tg_sequential_forward(s, tape, 1, x);
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    cr_assert_eq(tg_backward(tg_sum(y)), TG_OK, "%s", tg_last_error_message());
+    tg_scope_end();
+    cr_expect(profiled(tape, "conv2d") && profiled(tape, "tanh") && profiled(tape, "relu"));
+    cr_expect_not(profiled(tape, "conv2d_relu"));
+    tg_tensor_release(x);
+    tg_tape_free(tape);
+    tg_sequential_free(s);
+    tg_conv2d_layer_free(conv);
+    tg_params_free(ps);
     cr_expect_eq(tg_mem_current_bytes(), 0);
 }
 

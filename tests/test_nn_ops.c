@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const tg_backend backends[2] = {TG_BACKEND_REF, TG_BACKEND_CPU};
@@ -210,6 +211,139 @@ Test(nn_ops, conv2d_matches_a_direct_convolution_forward_and_backward)
             tg_tape_free(tape);
         }
     }
+}
+
+/* ---- conv2d_relu: relu(conv2d(...)) as one op */
+
+/* Whether a and b hold the same bits (same dtype and numel). */
+static bool same_bits(const tg_tensor *a, const tg_tensor *b)
+{
+    if (!a || !b || tg_tensor_dtype(a) != tg_tensor_dtype(b) ||
+        tg_tensor_numel(a) != tg_tensor_numel(b))
+        return false;
+    size_t n = (size_t)tg_tensor_numel(a) * tg_dtype_size(tg_tensor_dtype(a));
+    char *pa = malloc(n ? n : 1), *pb = malloc(n ? n : 1);
+    bool ok = pa && pb && !tg_tensor_copy_out(a, pa, n) && !tg_tensor_copy_out(b, pb, n) &&
+              memcmp(pa, pb, n) == 0;
+    free(pa);
+    free(pb);
+    return ok;
+}
+
+/* The fused op against conv2d then relu on the same leaves: the output,
+ * the first-order gradients of x, w and b for a random seed (by a plain
+ * sweep, and again through create_graph, which takes the other path of
+ * the backward), and, through create_graph, a second-order gradient (d/dx and d/dw of the sum of the
+ * squared first-order weight gradient), all bit for bit. Geometries with
+ * stride, padding, dilation, groups and the direct 1x1 path; biases
+ * around 0 so that about half the outputs are rectified. */
+Test(nn_ops, conv2d_relu_is_relu_of_conv2d_bit_for_bit_to_second_order)
+{
+    static const conv_case cases[] = {
+        {2, 4, 7, 6, 6, 3, 2, 2, 1, 1, 2, 2, 1, 2},
+        {3, 1, 9, 9, 5, 3, 3, 1, 1, 0, 0, 1, 1, 1},
+        {2, 2, 5, 5, 4, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+        {1, 3, 6, 6, 2, 3, 3, 2, 2, 1, 1, 2, 2, 1},
+    };
+    static double x[1024], w[512], b[16], gy[1024];
+    tg_rng rng;
+    tg_rng_seed(&rng, 29);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const conv_case *c = &cases[k];
+        int64_t OH = extent(c->H, c->KH, c->sh, c->ph, c->dh);
+        int64_t OW = extent(c->W, c->KW, c->sw, c->pw, c->dw);
+        int64_t nx = c->N * c->C * c->H * c->W, nw = c->O * (c->C / c->G) * c->KH * c->KW;
+        int64_t ny = c->N * c->O * OH * OW;
+        cr_assert(nx <= 1024 && nw <= 512 && ny <= 1024);
+        for (int64_t i = 0; i < nx; i++) x[i] = tg_rng_double(&rng) * 2 - 1;
+        for (int64_t i = 0; i < nw; i++) w[i] = tg_rng_double(&rng) * 2 - 1;
+        for (int64_t i = 0; i < c->O; i++) b[i] = tg_rng_double(&rng) * 0.4 - 0.2;
+        for (int64_t i = 0; i < ny; i++) gy[i] = tg_rng_double(&rng) * 2 - 1;
+        tg_conv2d_opts o = {.stride = {c->sh, c->sw}, .padding = {c->ph, c->pw},
+                            .dilation = {c->dh, c->dw}, .groups = c->G};
+        FOR_EACH_BACKEND_DTYPE(be, dt) {
+            tg_tensor *y[2], *g0[2][3], *g1[2][3], *g2[2][2];
+            int64_t zeros = 0;
+            for (int fused = 0; fused < 2; fused++) {
+                tg_tape *tape = tg_tape_new(NULL);
+                tg_tensor *tx = tu_tensor(dt, 4, SHAPE(c->N, c->C, c->H, c->W), x);
+                tg_tensor *tw = tu_tensor(dt, 4, SHAPE(c->O, c->C / c->G, c->KH, c->KW), w);
+                tg_tensor *tb = tu_tensor(dt, 1, SHAPE(c->O), b);
+                tg_tensor *seed = tu_tensor(dt, 4, SHAPE(c->N, c->O, OH, OW), gy);
+                cr_assert_eq(tg_requires_grad(tape, tx), TG_OK);
+                cr_assert_eq(tg_requires_grad(tape, tw), TG_OK);
+                cr_assert_eq(tg_requires_grad(tape, tb), TG_OK);
+                tg_tensor *ty = fused ? tg_conv2d_relu(tx, tw, tb, &o)
+                                      : tg_relu(tg_conv2d(tx, tw, tb, &o));
+                cr_assert_not_null(ty, "%s", tg_last_error_message());
+                tu_expect_shape(ty, 4, SHAPE(c->N, c->O, OH, OW));
+                tg_tensor *in[3] = {tx, tw, tb};
+                /* First order as training runs it (nothing records in the
+                 * sweep), then the same through create_graph. */
+                cr_assert_eq(tg_backward_ex(ty, seed, &(tg_grad_opts){.retain = true}), TG_OK,
+                             "%s", tg_last_error_message());
+                for (int i = 0; i < 3; i++) g0[fused][i] = tg_detach(tg_grad(in[i]));
+                tg_grad_opts cg = {.create_graph = true};
+                cr_assert_eq(tg_grad_of(1, &ty, &seed, 3, in, g1[fused], &cg), TG_OK, "%s",
+                             tg_last_error_message());
+                tg_tensor *gw2 = tg_sum(tg_mul(g1[fused][1], g1[fused][1]));
+                cr_assert_eq(tg_grad_of(1, &gw2, NULL, 2, in, g2[fused],
+                                        &(tg_grad_opts){.allow_unused = true}),
+                             TG_OK, "%s", tg_last_error_message());
+                y[fused] = tg_detach(ty);
+                for (int i = 0; i < 3; i++) g1[fused][i] = tg_detach(g1[fused][i]);
+                double *v = tu_values(y[fused]);
+                for (int64_t i = 0; fused && i < ny; i++) zeros += v[i] == 0.0;
+                free(v);
+                tg_tape_free(tape);
+            }
+            cr_expect(zeros > ny / 4 && zeros < ny, "case %zu: %lld of %lld outputs rectified",
+                      k, (long long)zeros, (long long)ny);
+            cr_expect(same_bits(y[0], y[1]), "case %zu, %s, %s: outputs", k,
+                      tg_backend_name(be), tg_dtype_name(dt));
+            for (int i = 0; i < 3; i++) {
+                cr_expect(same_bits(g0[0][i], g0[1][i]), "case %zu, %s, %s: gradient of input %d",
+                          k, tg_backend_name(be), tg_dtype_name(dt), i);
+                cr_expect(same_bits(g1[0][i], g1[1][i]),
+                          "case %zu, %s, %s: create_graph gradient of input %d", k,
+                          tg_backend_name(be), tg_dtype_name(dt), i);
+                cr_expect(same_bits(g0[1][i], g1[1][i]),
+                          "case %zu, %s, %s: input %d, the two sweeps", k, tg_backend_name(be),
+                          tg_dtype_name(dt), i);
+            }
+            for (int i = 0; i < 2; i++)
+                cr_expect(same_bits(g2[0][i], g2[1][i]),
+                          "case %zu, %s, %s: second-order gradient of input %d", k,
+                          tg_backend_name(be), tg_dtype_name(dt), i);
+        }
+    }
+}
+
+Test(nn_ops, conv2d_relu_checks_its_arguments_as_conv2d_does)
+{
+    tg_tensor *x = tg_zeros(TG_F32, 4, SHAPE(1, 2, 5, 5));
+    tg_tensor *w = tg_zeros(TG_F32, 4, SHAPE(3, 2, 3, 3));
+    tg_tensor *w3 = tg_zeros(TG_F32, 4, SHAPE(3, 3, 3, 3));
+    tg_tensor *w64 = tg_zeros(TG_F64, 4, SHAPE(3, 2, 3, 3));
+    cr_expect_null(tg_conv2d_relu(NULL, w, NULL, NULL));
+    cr_expect_eq(tg_last_error(), TG_ERR_NULL);
+    tu_expect_message_has("conv2d_relu");
+    tg_error_clear();
+    cr_expect_null(tg_conv2d_relu(x, w3, NULL, NULL));
+    cr_expect_eq(tg_last_error(), TG_ERR_SHAPE);
+    tu_expect_message_has("conv2d_relu");
+    tg_error_clear();
+    cr_expect_null(tg_conv2d_relu(x, w64, NULL, NULL));
+    cr_expect_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear();
+    cr_expect_null(tg_conv2d_relu(x, w, NULL, &(tg_conv2d_opts){.stride = {-1, 1}}));
+    cr_expect_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_error_clear();
+    /* Without a bias: max(0, W * x), here of zeros. */
+    tg_tensor *y = tg_conv2d_relu(x, w, NULL, NULL);
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    tu_expect_shape(y, 4, SHAPE(1, 3, 3, 3));
+    cr_expect_eq(tu_item(tg_sum(y)), 0.0);
 }
 
 /* ---- pooling */

@@ -25,6 +25,14 @@ typedef struct tg_conv2d_opts {
  * OH = (H + 2 pad - dil (KH - 1) - 1) / stride + 1 (floor), likewise OW.
  * TG_ERR_SHAPE when channels do not match, TG_ERR_INVALID for bad opts. */
 tg_tensor *tg_conv2d(tg_tensor *x, tg_tensor *w, tg_tensor *bias, const tg_conv2d_opts *opts);
+/* tg_relu(tg_conv2d(x, w, bias, opts)) as one op (conv2d_relu), with the
+ * same values and gradients, bit for bit, to any order. It rectifies each
+ * image's output while it is in cache and never holds the output before
+ * the relu: a pass over the output and a tensor of its size fewer. The
+ * node keeps x, w and y. tg_sequential uses it for a conv2d module followed
+ * by a tg_relu map. */
+tg_tensor *tg_conv2d_relu(tg_tensor *x, tg_tensor *w, tg_tensor *bias,
+                          const tg_conv2d_opts *opts);
 
 /* Pooling options, by pointer (required). padding <= kernel / 2. */
 typedef struct tg_pool2d_opts {

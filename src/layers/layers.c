@@ -169,6 +169,11 @@ tg_tensor *tg_conv2d_layer_forward(const tg_conv2d_layer *l, tg_tensor *x)
     return tg_conv2d(x, l->w, l->b, &l->opts);
 }
 
+tg_tensor *tg__conv2d_layer_relu(const tg_conv2d_layer *l, tg_tensor *x)
+{
+    return tg_conv2d_relu(x, l->w, l->b, &l->opts);
+}
+
 tg_tensor *tg_conv2d_layer_weight(const tg_conv2d_layer *l)
 {
     return l ? l->w : NULL;

@@ -113,6 +113,16 @@ static tg_tensor *flatten(tg_tensor *x)
     return tg_reshape(x, 2, shape);
 }
 
+/* Whether module i is a conv2d layer and module i + 1 the map tg_relu: the
+ * pair then runs as one conv2d_relu op, in module i's stage, and module
+ * i + 1's stage passes its input on (the same values and gradients, bit
+ * for bit, and one pass over the output and one tensor fewer). */
+static bool conv_relu_pair(const tg_sequential *s, int i)
+{
+    return i >= 0 && i + 1 < s->n && s->mods[i].kind == MOD_CONV2D &&
+           s->mods[i + 1].kind == MOD_MAP && s->mods[i + 1].map == tg_relu;
+}
+
 /* Stage `layer` of the container: the module's forward. */
 static tg_tensor *run_module(void *ud, int layer, tg_tensor *x)
 {
@@ -122,10 +132,12 @@ static tg_tensor *run_module(void *ud, int layer, tg_tensor *x)
     case MOD_LINEAR:
         return tg_linear_forward(m->layer, x);
     case MOD_CONV2D:
+        if (conv_relu_pair(s, layer)) return tg__conv2d_layer_relu(m->layer, x);
         return tg_conv2d_layer_forward(m->layer, x);
     case MOD_LAYER_NORM:
         return tg_layer_norm_layer_forward(m->layer, x);
     case MOD_MAP:
+        if (conv_relu_pair(s, layer - 1)) return x; /* rectified by the conv's stage */
         return m->map(x);
     case MOD_FLATTEN:
         return flatten(x);

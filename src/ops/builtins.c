@@ -31,6 +31,7 @@
     X(cross_entropy) X(cross_entropy_backward) X(mse_loss)                          \
     /* conv.c */                                                                    \
     X(conv2d) X(conv2d_backward_input) X(conv2d_backward_weight) X(bias_grad)       \
+    X(conv2d_relu)                                                                  \
     /* pool.c */                                                                    \
     X(max_pool2d) X(max_pool2d_backward) X(avg_pool2d) X(avg_pool2d_backward)       \
     /* norm.c */                                                                    \

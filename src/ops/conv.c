@@ -28,7 +28,7 @@
 
 /* Each op's backward calls the others. */
 extern const tg_op tg__op_conv2d, tg__op_conv2d_backward_input, tg__op_conv2d_backward_weight,
-    tg__op_bias_grad;
+    tg__op_bias_grad, tg__op_relu_backward;
 
 typedef struct conv_p {
     int64_t sh, sw, ph, pw, dh, dw, G;
@@ -152,7 +152,10 @@ static tg_status conv_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *co
     return TG_OK;
 }
 
-static tg_tensor *conv_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+/* y = b + W * x; relu: then y = max(0, y), image by image while the
+ * image's output is in cache (the relu kernel's values: the same bits as
+ * a relu after the conv). */
+static tg_tensor *conv_forward(tg_op_ctx *ctx, tg_tensor *const *in, bool relu)
 {
     const tg_tensor *x = in[0], *w = in[1], *b = in[2];
     conv_p p = params_of(ctx->attrs);
@@ -174,15 +177,26 @@ static tg_tensor *conv_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     char *cp = col ? tg__tensor_ptr(col) : NULL;
     for (int64_t n = 0; n < N; n++)
         for (int64_t o = 0; o < O; o++) fill(L, yp + (size_t)((n * O + o) * L) * es, value_at(b, o));
-    for (int64_t n = 0; n < N && K > 0; n++)
-        for (int64_t gi = 0; gi < p.G; gi++) {
+    tg_unary_fn rectify = relu ? TG_KERNEL(tg_unary_fn, TG_K_RELU, y) : NULL;
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t gi = 0; gi < p.G && K > 0; gi++) {
             char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
             if (cp) im2col(&g, src, cp);
             gemm(false, false, Og, L, K, wp + (size_t)(gi * Og * K) * es, K, cp ? cp : src, L, 1.0,
                  yp + (size_t)((n * O + gi * Og) * L) * es, L);
         }
+        if (rectify) {
+            char *yn = yp + (size_t)(n * O * L) * es;
+            rectify(O * L, yn, yn, 0.0);
+        }
+    }
     tg_tensor_release(col);
     return y;
+}
+
+static tg_tensor *conv_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return conv_forward(ctx, in, false);
 }
 
 /* ---- conv2d_backward_input(w, gy) -> gx (N, C, H, W); ints[6..7] = H, W. */
@@ -327,6 +341,7 @@ static tg_tensor *bias_grad_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return gb;
 }
 
+/* Also conv2d_relu's, with g the gradient after the relu's mask. */
 static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0), *ws = tg_op_ctx_input_spec(ctx, 1);
@@ -351,6 +366,40 @@ static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         if (!gin[2]) return tg_last_error();
     }
     return TG_OK;
+}
+
+/* ---- conv2d_relu(x, w, bias) = relu(conv2d(x, w, bias)), one node. The
+ * forward rectifies each image's output as soon as its GEMMs have made it
+ * (no second pass over the output, no pre-relu tensor); the node keeps x,
+ * w and its output y. Backward: gm = relu_backward(y, gy), what a relu node
+ * would give (over gy when the engine gives gy up, as relu's backward
+ * does), then conv2d's backward of gm. Same bits as conv2d then relu, to
+ * any order: the backward is made of differentiable ops. */
+static tg_tensor *conv_relu_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    return conv_forward(ctx, in, true);
+}
+
+static tg_status conv_relu_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    tg_tensor *y = tg_op_ctx_output(ctx), *gm;
+    if (y && g && !tg__records(y) && !tg__records(g) && y->contiguous && g->contiguous &&
+        y->dtype == g->dtype && y->backend == g->backend &&
+        tg__same_shape(y->ndim, y->shape, g->ndim, g->shape)) {
+        /* relu's backward without dispatch, as map_bwd runs it: over g when
+         * the engine gives g up (each element of gm reads its own element
+         * of g before writing it). */
+        gm = ctx->gout_scratch ? tg_tensor_retain(g)
+                               : tg__tensor_empty(y->dtype, y->ndim, y->shape, y->backend);
+        if (!gm) return tg_last_error();
+        tg__run_grad(TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, y), y->numel, tg__tensor_ptr(y),
+                     tg__tensor_ptr(g), tg__tensor_ptr(gm), 0.0, tg__esize(y->dtype));
+        gm = tg__scope_track(gm);
+    } else {
+        gm = tg__call2(&tg__op_relu_backward, y, g, NULL);
+        if (!gm) return tg_last_error();
+    }
+    return conv_bwd(ctx, gm, gin);
 }
 
 /* Cases: plain 3x3; stride 2 / padding 1 / dilation 2 (unequal per dim);
@@ -530,14 +579,22 @@ const tg_op tg__op_conv2d = {
     .sample = conv_sample,
 };
 
+const tg_op tg__op_conv2d_relu = {
+    .name = "conv2d_relu", .doc = "y = max(0, b + W * x) (conv2d, then relu)", .arity = 3,
+    .shape = conv_shape, .forward = conv_relu_fwd, .backward = conv_relu_bwd,
+    .cost = TG_COST_COMPUTE_BOUND,
+    .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1) | TG_SAVE_OUTPUT, .sample = conv_sample,
+};
+
 /* A 0 in stride/dilation/groups means the default 1; negatives reach the
  * shape rule and fail there. */
-tg_tensor *tg_conv2d(tg_tensor *x, tg_tensor *w, tg_tensor *bias, const tg_conv2d_opts *opts)
+static tg_tensor *conv_call(const tg_op *op, tg_tensor *x, tg_tensor *w, tg_tensor *bias,
+                            const tg_conv2d_opts *opts)
 {
     static const tg_conv2d_opts defaults;
     const tg_conv2d_opts *o = opts ? opts : &defaults;
     if (!x || !w) {
-        tg__err_null("conv2d", x ? 2 : 1);
+        tg__err_null(op->name, x ? 2 : 1);
         return NULL;
     }
     tg_op_attrs a = {.nints = 6, .target = o->groups ? o->groups : 1};
@@ -554,7 +611,18 @@ tg_tensor *tg_conv2d(tg_tensor *x, tg_tensor *w, tg_tensor *bias, const tg_conv2
         bias = zeros;
     }
     tg_tensor *in[3] = {x, w, bias};
-    tg_tensor *y = tg_op_call(&tg__op_conv2d, 3, in, &a);
+    tg_tensor *y = tg_op_call(op, 3, in, &a);
     tg_tensor_release(zeros);
     return y;
+}
+
+tg_tensor *tg_conv2d(tg_tensor *x, tg_tensor *w, tg_tensor *bias, const tg_conv2d_opts *opts)
+{
+    return conv_call(&tg__op_conv2d, x, w, bias, opts);
+}
+
+tg_tensor *tg_conv2d_relu(tg_tensor *x, tg_tensor *w, tg_tensor *bias,
+                          const tg_conv2d_opts *opts)
+{
+    return conv_call(&tg__op_conv2d_relu, x, w, bias, opts);
 }
