@@ -341,8 +341,10 @@ static tg_tensor *bias_grad_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     return gb;
 }
 
-/* Also conv2d_relu's, with g the gradient after the relu's mask. */
-static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+/* conv2d's input gradients for the output gradient g (conv2d_relu's: the
+ * gradient after the relu's mask), but the weight's where made has bit 1
+ * (made by the caller). */
+static tg_status conv_grads(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin, unsigned made)
 {
     const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0), *ws = tg_op_ctx_input_spec(ctx, 1);
     tg_op_attrs a = *ctx->attrs;
@@ -353,7 +355,7 @@ static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         gin[0] = tg__call2(&tg__op_conv2d_backward_input, tg_op_ctx_input(ctx, 1), g, &a);
         if (!gin[0]) return tg_last_error();
     }
-    if (tg_op_ctx_needs_grad(ctx, 1)) {
+    if (!(made & 2u) && tg_op_ctx_needs_grad(ctx, 1)) {
         a.ints[6] = ws->shape[2];
         a.ints[7] = ws->shape[3];
         tg_tensor *in[2] = {tg_op_ctx_input(ctx, 0), g};
@@ -368,13 +370,61 @@ static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     return TG_OK;
 }
 
+static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
+{
+    return conv_grads(ctx, g, gin, 0);
+}
+
+/* conv2d_relu's first order (nothing records), when the weight needs a
+ * gradient: gm = relu_grad(y, g) and the weight's gradient image by image,
+ * each image's GEMMs right after its gm is made, so that they read it from
+ * cache. The same kernels and GEMM calls, in the same order, as
+ * relu_backward then conv2d_backward_weight; gm, all of it, is left for
+ * the input's and the bias's gradients. Returns the bits of the inputs
+ * made (2), or -1 with the error recorded. */
+static int conv_relu_wgrad(tg_op_ctx *ctx, const tg_tensor *y, const tg_tensor *g, tg_tensor *gm,
+                           tg_tensor **gin)
+{
+    const tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
+    conv_p p = params_of(ctx->attrs);
+    int64_t N = x->shape[0], C = x->shape[1], O = w->shape[0], Cg = C / p.G, Og = O / p.G;
+    tg_conv2d_geom geo = geom_of(Cg, x->shape[2], x->shape[3], w->shape[2], w->shape[3], &p);
+    int64_t K = Cg * geo.KH * geo.KW, L = geo.OH * geo.OW, HW = geo.H * geo.W;
+    size_t es = tg_dtype_size(x->dtype);
+    bool failed = false;
+    tg_tensor *gw = tg_op_ctx_new_grad(ctx, 1);
+    tg_tensor *col = gw ? col_scratch(&geo, x, &failed) : NULL;
+    if (!gw || failed) return -1;
+    if (N == 0) TG_KERNEL(tg_fill_fn, TG_K_FILL, gw)(gw->numel, tg__tensor_ptr(gw), 0.0);
+    tg_grad_fn mask = TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, y);
+    tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, x);
+    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
+    const char *xp = tg__tensor_ptr(x), *yp = tg__tensor_ptr(y), *gp = tg__tensor_ptr(g);
+    char *mp = tg__tensor_ptr(gm), *wp = tg__tensor_ptr(gw);
+    char *cp = col ? tg__tensor_ptr(col) : NULL;
+    for (int64_t n = 0; n < N; n++) {
+        size_t at = (size_t)(n * O * L) * es;
+        mask(O * L, yp + at, gp + at, mp + at, 0.0);
+        for (int64_t gi = 0; gi < p.G && Og > 0 && K > 0; gi++) {
+            const char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
+            if (cp) im2col(&geo, src, cp);
+            gemm(false, true, Og, K, L, mp + (size_t)((n * O + gi * Og) * L) * es, L,
+                 cp ? cp : src, L, n ? 1.0 : 0.0, wp + (size_t)(gi * Og * K) * es, K);
+        }
+    }
+    tg_tensor_release(col);
+    gin[1] = gw;
+    return 2;
+}
+
 /* ---- conv2d_relu(x, w, bias) = relu(conv2d(x, w, bias)), one node. The
  * forward rectifies each image's output as soon as its GEMMs have made it
  * (no second pass over the output, no pre-relu tensor); the node keeps x,
  * w and its output y. Backward: gm = relu_backward(y, gy), what a relu node
  * would give (over gy when the engine gives gy up, as relu's backward
- * does), then conv2d's backward of gm. Same bits as conv2d then relu, to
- * any order: the backward is made of differentiable ops. */
+ * does), then conv2d's backward of gm; at first order the mask and the
+ * weight's GEMMs go image by image (conv_relu_wgrad). Same bits as conv2d
+ * then relu, to any order: what records is made of differentiable ops. */
 static tg_tensor *conv_relu_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     return conv_forward(ctx, in, true);
@@ -392,9 +442,14 @@ static tg_status conv_relu_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         gm = ctx->gout_scratch ? tg_tensor_retain(g)
                                : tg__tensor_empty(y->dtype, y->ndim, y->shape, y->backend);
         if (!gm) return tg_last_error();
+        gm = tg__scope_track(gm);
+        if (tg_op_ctx_needs_grad(ctx, 1)) {
+            int made = conv_relu_wgrad(ctx, y, g, gm, gin);
+            if (made < 0) return tg_last_error();
+            return conv_grads(ctx, gm, gin, (unsigned)made);
+        }
         tg__run_grad(TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, y), y->numel, tg__tensor_ptr(y),
                      tg__tensor_ptr(g), tg__tensor_ptr(gm), 0.0, tg__esize(y->dtype));
-        gm = tg__scope_track(gm);
     } else {
         gm = tg__call2(&tg__op_relu_backward, y, g, NULL);
         if (!gm) return tg_last_error();
