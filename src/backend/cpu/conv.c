@@ -82,21 +82,63 @@ static void valid_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int
                     }                                                              \
                 }                                                                  \
     }                                                                              \
+    static inline T lanes_total_##SFX(const double *l)                          \
+    {                                                                              \
+        return (T)(((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))); \
+    }                                                                              \
+    /* Each channel's sum in eight double lanes, element s of a row into   \
+     * lane s % 8, rows in order of n. Four channels at a time: a lane's   \
+     * adds depend on each other, so one channel's eight lanes (one or two \
+     * vectors) wait on the add latency; four give eight independent      \
+     * vector chains. Each lane adds the same values in the same order      \
+     * either way (the same bits). */                                       \
     TG_CLONES static void channel_sum_##SFX(int64_t N, int64_t C, int64_t S, const void *xv, void *yv) \
     {                                                                              \
         const T *x = xv;                                                           \
         T *y = yv;                                                                 \
-        for (int64_t c = 0; c < C; c++) {                                          \
+        int64_t c = 0;                                                             \
+        for (; c + 4 <= C; c += 4) {                                               \
+            double l0[8] = {0}, l1[8] = {0}, l2[8] = {0}, l3[8] = {0};             \
+            for (int64_t n = 0; n < N; n++) {                                      \
+                const T *r0 = x + (n * C + c) * S, *r1 = r0 + S, *r2 = r1 + S,     \
+                        *r3 = r2 + S;                                              \
+                int64_t s = 0;                                                     \
+                for (; s + 8 <= S; s += 8) {                                       \
+                    T v0[8], v1[8], v2[8], v3[8]; /* plain loads: vectorised */    \
+                    memcpy(v0, r0 + s, sizeof v0);                                 \
+                    memcpy(v1, r1 + s, sizeof v1);                                 \
+                    memcpy(v2, r2 + s, sizeof v2);                                 \
+                    memcpy(v3, r3 + s, sizeof v3);                                 \
+                    for (int k = 0; k < 8; k++) l0[k] += (double)v0[k];            \
+                    for (int k = 0; k < 8; k++) l1[k] += (double)v1[k];            \
+                    for (int k = 0; k < 8; k++) l2[k] += (double)v2[k];            \
+                    for (int k = 0; k < 8; k++) l3[k] += (double)v3[k];            \
+                }                                                                  \
+                for (; s < S; s++) {                                               \
+                    l0[s & 7] += (double)r0[s];                                    \
+                    l1[s & 7] += (double)r1[s];                                    \
+                    l2[s & 7] += (double)r2[s];                                    \
+                    l3[s & 7] += (double)r3[s];                                    \
+                }                                                                  \
+            }                                                                      \
+            y[c] = lanes_total_##SFX(l0);                                          \
+            y[c + 1] = lanes_total_##SFX(l1);                                      \
+            y[c + 2] = lanes_total_##SFX(l2);                                      \
+            y[c + 3] = lanes_total_##SFX(l3);                                      \
+        }                                                                          \
+        for (; c < C; c++) {                                                       \
             double lane[8] = {0};                                                  \
             for (int64_t n = 0; n < N; n++) {                                      \
                 const T *r = x + (n * C + c) * S;                                  \
                 int64_t s = 0;                                                     \
-                for (; s + 8 <= S; s += 8)                                         \
-                    for (int k = 0; k < 8; k++) lane[k] += (double)r[s + k];       \
+                for (; s + 8 <= S; s += 8) {                                       \
+                    T v[8];                                                        \
+                    memcpy(v, r + s, sizeof v);                                    \
+                    for (int k = 0; k < 8; k++) lane[k] += (double)v[k];           \
+                }                                                                  \
                 for (; s < S; s++) lane[s & 7] += (double)r[s];                    \
             }                                                                      \
-            y[c] = (T)(((lane[0] + lane[1]) + (lane[2] + lane[3])) +               \
-                       ((lane[4] + lane[5]) + (lane[6] + lane[7])));               \
+            y[c] = lanes_total_##SFX(lane);                                        \
         }                                                                          \
     }
 
