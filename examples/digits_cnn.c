@@ -67,8 +67,8 @@ static tg_tensor *cnn_forward(const cnn *m, tg_tensor *x)
     const tg_pool2d_opts pool = {.kernel = {2, 2}};
     int64_t b = tg_tensor_dim(x, 0);
     tg_tensor *img = tg_reshape(x, 4, (int64_t[]){b, 1, 8, 8}); /* (B, 1, 8, 8) */
-    tg_tensor *h = tg_max_pool2d(tg_relu(tg_conv2d_layer_forward(m->conv1, img)), &pool);
-    h = tg_max_pool2d(tg_relu(tg_conv2d_layer_forward(m->conv2, h)), &pool); /* (B, 16, 2, 2) */
+    tg_tensor *h = tg_max_pool2d(tg_conv2d_layer_forward_relu(m->conv1, img), &pool);
+    h = tg_max_pool2d(tg_conv2d_layer_forward_relu(m->conv2, h), &pool); /* (B, 16, 2, 2) */
     return tg_linear_forward(m->fc, tg_reshape(h, 2, (int64_t[]){b, 16 * 2 * 2}));
 }
 

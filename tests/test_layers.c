@@ -384,7 +384,19 @@ Test(layers, bad_arguments_fail_with_exact_codes)
     tg_error_clear();
     cr_assert_null(tg_linear_forward(l, tg_mul(NULL, logits)));
     cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tg_error_clear();
+    cr_assert_null(tg_conv2d_layer_forward_relu(NULL, logits));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    cr_expect(strstr(tg_last_error_message(), "conv2d_layer_forward_relu"), "%s",
+              tg_last_error_message());
+    tg_error_clear();
+    tg_conv2d_layer *c = tg_conv2d_layer_new(ps, "c", 2, 3, 3, 3, NULL, true, TG_F64, &rng);
+    cr_assert_not_null(c, "%s", tg_last_error_message());
+    cr_assert_null(tg_conv2d_layer_forward_relu(c, logits)); /* 2 dims, not 4 */
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE, "%s", tg_last_error_message());
+    cr_expect(strstr(tg_last_error_message(), "conv2d_relu"), "%s", tg_last_error_message());
     tg_scope_end();
+    tg_conv2d_layer_free(c);
     tg_linear_free(l);
     tg_params_free(ps);
 }

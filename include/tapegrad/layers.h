@@ -32,6 +32,10 @@ tg_conv2d_layer *tg_conv2d_layer_new(tg_params *ps, const char *name, int64_t in
                                      int kh, int kw, const tg_conv2d_opts *opts, bool bias,
                                      tg_dtype dtype, tg_rng *rng);
 tg_tensor *tg_conv2d_layer_forward(const tg_conv2d_layer *l, tg_tensor *x);
+/* tg_relu(tg_conv2d_layer_forward(l, x)) as one conv2d_relu op (nn.h):
+ * the same values and gradients, bit for bit, a pass over the output
+ * fewer. */
+tg_tensor *tg_conv2d_layer_forward_relu(const tg_conv2d_layer *l, tg_tensor *x);
 tg_tensor *tg_conv2d_layer_weight(const tg_conv2d_layer *l);
 void tg_conv2d_layer_free(tg_conv2d_layer *l);
 

@@ -303,10 +303,6 @@ TG_INTERNAL bool tg__replica_defer_wgrad(const struct tg__replica *r, const tg_t
                                          tg_tensor *g, tg_tensor *x, int64_t m, int64_t n,
                                          int64_t k);
 
-/* The layer's conv2d followed by a relu, as one conv2d_relu op
- * (layers.c; the sequential container's fusion). */
-TG_INTERNAL tg_tensor *tg__conv2d_layer_relu(const tg_conv2d_layer *l, tg_tensor *x);
-
 /* ---- scopes (src/core/scope.c) */
 #define TG__MAX_SCOPES 64
 /* The calling thread's scopes: a stack of owned tensors with one mark per

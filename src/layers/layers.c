@@ -169,8 +169,12 @@ tg_tensor *tg_conv2d_layer_forward(const tg_conv2d_layer *l, tg_tensor *x)
     return tg_conv2d(x, l->w, l->b, &l->opts);
 }
 
-tg_tensor *tg__conv2d_layer_relu(const tg_conv2d_layer *l, tg_tensor *x)
+tg_tensor *tg_conv2d_layer_forward_relu(const tg_conv2d_layer *l, tg_tensor *x)
 {
+    if (!l) {
+        tg_error_set(TG_ERR_NULL, "bad argument #1 to 'conv2d_layer_forward_relu' (NULL layer)");
+        return NULL;
+    }
     return tg_conv2d_relu(x, l->w, l->b, &l->opts);
 }
 

@@ -132,7 +132,7 @@ static tg_tensor *run_module(void *ud, int layer, tg_tensor *x)
     case MOD_LINEAR:
         return tg_linear_forward(m->layer, x);
     case MOD_CONV2D:
-        if (conv_relu_pair(s, layer)) return tg__conv2d_layer_relu(m->layer, x);
+        if (conv_relu_pair(s, layer)) return tg_conv2d_layer_forward_relu(m->layer, x);
         return tg_conv2d_layer_forward(m->layer, x);
     case MOD_LAYER_NORM:
         return tg_layer_norm_layer_forward(m->layer, x);
