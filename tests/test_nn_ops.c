@@ -166,6 +166,35 @@ static void direct_conv(const conv_case *c, const double *x, const double *w, co
                 }
 }
 
+/* A case's output extent and sizes, and its x, w, b (uniform in +-b_half)
+ * and gy drawn from rng in that order (x and gy hold at most cap values,
+ * w at most 512). */
+typedef struct conv_dims {
+    int64_t OH, OW, nx, nw, ny;
+} conv_dims;
+
+static conv_dims conv_draw(const conv_case *c, tg_rng *rng, double b_half, int64_t cap, double *x,
+                           double *w, double *b, double *gy)
+{
+    conv_dims d = {.OH = extent(c->H, c->KH, c->sh, c->ph, c->dh),
+                   .OW = extent(c->W, c->KW, c->sw, c->pw, c->dw)};
+    d.nx = c->N * c->C * c->H * c->W;
+    d.nw = c->O * (c->C / c->G) * c->KH * c->KW;
+    d.ny = c->N * c->O * d.OH * d.OW;
+    cr_assert(d.nx <= cap && d.nw <= 512 && d.ny <= cap);
+    for (int64_t i = 0; i < d.nx; i++) x[i] = tg_rng_double(rng) * 2 - 1;
+    for (int64_t i = 0; i < d.nw; i++) w[i] = tg_rng_double(rng) * 2 - 1;
+    for (int64_t i = 0; i < c->O; i++) b[i] = (tg_rng_double(rng) * 2 - 1) * b_half;
+    for (int64_t i = 0; i < d.ny; i++) gy[i] = tg_rng_double(rng) * 2 - 1;
+    return d;
+}
+
+static tg_conv2d_opts conv_opts(const conv_case *c)
+{
+    return (tg_conv2d_opts){.stride = {c->sh, c->sw}, .padding = {c->ph, c->pw},
+                            .dilation = {c->dh, c->dw}, .groups = c->G};
+}
+
 Test(nn_ops, conv2d_matches_a_direct_convolution_forward_and_backward)
 {
     static const conv_case cases[] = {
@@ -180,18 +209,10 @@ Test(nn_ops, conv2d_matches_a_direct_convolution_forward_and_backward)
     tg_rng_seed(&rng, 7);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const conv_case *c = &cases[k];
-        int64_t OH = extent(c->H, c->KH, c->sh, c->ph, c->dh);
-        int64_t OW = extent(c->W, c->KW, c->sw, c->pw, c->dw);
-        int64_t nx = c->N * c->C * c->H * c->W, nw = c->O * (c->C / c->G) * c->KH * c->KW;
-        int64_t ny = c->N * c->O * OH * OW;
-        cr_assert(nx <= 512 && nw <= 512 && ny <= 512);
-        for (int64_t i = 0; i < nx; i++) x[i] = tg_rng_double(&rng) * 2 - 1;
-        for (int64_t i = 0; i < nw; i++) w[i] = tg_rng_double(&rng) * 2 - 1;
-        for (int64_t i = 0; i < c->O; i++) b[i] = tg_rng_double(&rng) * 2 - 1;
-        for (int64_t i = 0; i < ny; i++) gy[i] = tg_rng_double(&rng) * 2 - 1;
+        conv_dims d = conv_draw(c, &rng, 1.0, 512, x, w, b, gy);
+        int64_t OH = d.OH, OW = d.OW, nx = d.nx, nw = d.nw, ny = d.ny;
         direct_conv(c, x, w, b, gy, y, gx, gw);
-        tg_conv2d_opts o = {.stride = {c->sh, c->sw}, .padding = {c->ph, c->pw},
-                            .dilation = {c->dh, c->dw}, .groups = c->G};
+        tg_conv2d_opts o = conv_opts(c);
         FOR_EACH_BACKEND_DTYPE(be, dt) {
             (void)be;
             tg_tape *tape = tg_tape_new(NULL);
@@ -233,9 +254,9 @@ static bool same_bits(const tg_tensor *a, const tg_tensor *b)
 /* The fused op against conv2d then relu on the same leaves: the output,
  * the first-order gradients of x, w and b for a random seed (by a plain
  * sweep, and again through create_graph, which takes the other path of
- * the backward), and, through create_graph, a second-order gradient (d/dx and d/dw of the sum of the
- * squared first-order weight gradient), all bit for bit. Geometries with
- * stride, padding, dilation, groups and the direct 1x1 path; biases
+ * the backward), and a second-order gradient (d/dx and d/dw of the sum of
+ * the squared first-order weight gradient), all bit for bit. Geometries
+ * with stride, padding, dilation, groups and the direct 1x1 path; biases
  * around 0 so that about half the outputs are rectified. */
 Test(nn_ops, conv2d_relu_is_relu_of_conv2d_bit_for_bit_to_second_order)
 {
@@ -250,17 +271,9 @@ Test(nn_ops, conv2d_relu_is_relu_of_conv2d_bit_for_bit_to_second_order)
     tg_rng_seed(&rng, 29);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const conv_case *c = &cases[k];
-        int64_t OH = extent(c->H, c->KH, c->sh, c->ph, c->dh);
-        int64_t OW = extent(c->W, c->KW, c->sw, c->pw, c->dw);
-        int64_t nx = c->N * c->C * c->H * c->W, nw = c->O * (c->C / c->G) * c->KH * c->KW;
-        int64_t ny = c->N * c->O * OH * OW;
-        cr_assert(nx <= 1024 && nw <= 512 && ny <= 1024);
-        for (int64_t i = 0; i < nx; i++) x[i] = tg_rng_double(&rng) * 2 - 1;
-        for (int64_t i = 0; i < nw; i++) w[i] = tg_rng_double(&rng) * 2 - 1;
-        for (int64_t i = 0; i < c->O; i++) b[i] = tg_rng_double(&rng) * 0.4 - 0.2;
-        for (int64_t i = 0; i < ny; i++) gy[i] = tg_rng_double(&rng) * 2 - 1;
-        tg_conv2d_opts o = {.stride = {c->sh, c->sw}, .padding = {c->ph, c->pw},
-                            .dilation = {c->dh, c->dw}, .groups = c->G};
+        conv_dims d = conv_draw(c, &rng, 0.2, 1024, x, w, b, gy);
+        int64_t OH = d.OH, OW = d.OW, ny = d.ny;
+        tg_conv2d_opts o = conv_opts(c);
         FOR_EACH_BACKEND_DTYPE(be, dt) {
             tg_tensor *y[2], *g0[2][3], *g1[2][3], *g2[2][2];
             int64_t zeros = 0;
