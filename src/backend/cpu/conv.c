@@ -82,16 +82,16 @@ static void valid_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int
                     }                                                              \
                 }                                                                  \
     }                                                                              \
-    static inline T lanes_total_##SFX(const double *l)                          \
+    static inline T lanes_total_##SFX(const double *l)                             \
     {                                                                              \
         return (T)(((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))); \
     }                                                                              \
-    /* Each channel's sum in eight double lanes, element s of a row into   \
-     * lane s % 8, rows in order of n. Four channels at a time: a lane's   \
-     * adds depend on each other, so one channel's eight lanes (one or two \
-     * vectors) wait on the add latency; four give eight independent      \
-     * vector chains. Each lane adds the same values in the same order      \
-     * either way (the same bits). */                                       \
+    /* Each channel's sum in eight double lanes, element s of a row into           \
+     * lane s % 8, rows in order of n. Four channels at a time: a lane's           \
+     * adds depend on each other, so one channel's eight lanes (one or two         \
+     * vectors) wait on the add latency; four give eight independent               \
+     * vector chains. Each lane adds the same values in the same order             \
+     * either way (the same bits). */                                              \
     TG_CLONES static void channel_sum_##SFX(int64_t N, int64_t C, int64_t S, const void *xv, void *yv) \
     {                                                                              \
         const T *x = xv;                                                           \
