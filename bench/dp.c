@@ -372,6 +372,46 @@ static void dp_per_core(dp_ctx *c, int ncpu, int workers, bool quick)
     for (int i = 0; i < n; i++) free(t[i]);
 }
 
+/* Sample of the batch-size bound: 0, the plain loop on the whole batch;
+ * 1, trainer 0 of the `N apart` set alone, on a worker's rows. */
+static int dp_sample_alone(void *ctx, int which, long reps)
+{
+    dp_ctx *c = ctx;
+    if (which == 0) return dp_sample(ctx, 0, reps);
+    dp_trainer_steps(&c->tr[0], reps);
+    return c->tr[0].st ? -1 : 0;
+}
+
+/* What the batch's split leaves of N workers' speed-up before they share a
+ * machine: one trainer alone on a worker's rows (B / N) against the plain
+ * loop on the whole batch B, in interleaved rounds. A step's fixed costs
+ * (per op, and per GEMM call: OpenBLAS packs the weight operand on every
+ * call, whatever the rows) do not shrink with the rows, so N workers reach
+ * at most t(B) / t(B / N) of 1, and two trainers apart (the ceiling) less
+ * where they contend for the machine. */
+static void dp_alone(dp_ctx *c, int workers, bool quick)
+{
+    int runs = quick ? 3 : 7, which[2] = {0, 1};
+    long reps[2];
+    double *t[2] = {calloc((size_t)runs, sizeof(double)), calloc((size_t)runs, sizeof(double))};
+    bool ok = t[0] && t[1];
+    for (int i = 0; i < 2 && ok; i++)
+        ok = !bench_calibrate(dp_sample_alone, c, i, quick ? 2e6 : 2e7, &reps[i]);
+    if (ok) ok = !bench_rounds(dp_sample_alone, c, 2, which, reps, 1, runs, t);
+    if (!ok) {
+        printf("  1 trainer alone: could not time it (%s)\n",
+               tg_last_error() ? tg_last_error_message() : "out of memory");
+    } else {
+        double whole = bench_stat_of(t[0], runs).median / 1e6;
+        double part = bench_stat_of(t[1], runs).median / 1e6;
+        printf("  1 trainer alone on %lld rows: %.3f ms/step against %.3f on %lld; the split "
+               "caps %d workers at %.2fx of 1\n",
+               (long long)c->tr[0].rows, part, whole, (long long)c->m.batch, workers, whole / part);
+    }
+    free(t[0]);
+    free(t[1]);
+}
+
 /* The largest |g - ref| over n values, relative to the largest |ref|. */
 static double dp_worst_diff(const float *ref, const float *g, int64_t n)
 {
@@ -538,6 +578,7 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
     }
     if (max_workers > 1) {
         tg_set_num_threads(1);
+        dp_alone(&c, max_workers, quick);
         dp_per_core(&c, ncpu, max_workers, quick);
     }
     rc = 0;
