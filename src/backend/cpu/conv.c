@@ -6,6 +6,7 @@
  * independent double lanes (same double accumulation, so results agree
  * with ref to rounding), compiled per vector ISA. A conv 1->16 3x3 on 64 x 28x28 went from ~2.0 to
  * ~1.2 ms forward + backward with these. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "backend/cpu/loops.h" /* first: TG_CLONES for channel_sum */
@@ -14,17 +15,22 @@
 static void valid_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int64_t *lo,
                         int64_t *hi)
 {
-    int64_t l = off >= 0 ? 0 : (-off + s - 1) / s;
-    int64_t h = n_in - off <= 0 ? 0 : (n_in - off + s - 1) / s;
+    /* (no division at stride 1: im2col calls this for every kernel tap) */
+    int64_t l = off >= 0 ? 0 : s == 1 ? -off : (-off + s - 1) / s;
+    int64_t h = n_in - off <= 0 ? 0 : s == 1 ? n_in - off : (n_in - off + s - 1) / s;
     if (h > n_out) h = n_out;
     if (l > h) l = h;
     *lo = l;
     *hi = h;
 }
 
-/* Rows of a small image are short (26 floats for 28x28 and a 3x3 kernel):
- * a loop the compiler vectorises beats a call to memcpy per row, and the
- * zero-length memsets of unpadded edges are not made at all. */
+/* Rows of a small image are short (26 floats for 28x28 and a 3x3 kernel).
+ * im2col takes the geometry into locals (the row copies are byte stores,
+ * which may alias anything reachable through g, so the compiler would
+ * reload it after each), finds each tap's in-bounds rows once, and copies
+ * a whole in-bounds row at stride 1 in fixed 32-byte moves, the last one
+ * overlapping the one before: 64 images of 28x28, 3x3, in 0.047 ms against
+ * 0.066 for a loop over the row's length per row. */
 #define DEF_CPU_NN(SFX, T)                                                         \
     static inline void copy_run_##SFX(T *restrict d, const T *restrict s, int64_t n) \
     {                                                                              \
@@ -36,29 +42,39 @@ static void valid_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int
     }                                                                              \
     static void im2col_##SFX(const tg_conv2d_geom *g, const void *xv, void *colv)  \
     {                                                                              \
+        enum { V = 32 / sizeof(T) }; /* elements in one 32-byte move */            \
         const T *x = xv;                                                           \
         T *col = colv;                                                             \
-        int64_t L = g->OH * g->OW;                                                 \
-        for (int64_t c = 0; c < g->C; c++)                                         \
-            for (int64_t i = 0; i < g->KH; i++)                                    \
-                for (int64_t j = 0; j < g->KW; j++) {                              \
-                    T *row = col + ((c * g->KH + i) * g->KW + j) * L;              \
-                    int64_t off = j * g->dw - g->pw, lo, hi;                       \
-                    valid_range(off, g->sw, g->W, g->OW, &lo, &hi);                \
-                    for (int64_t oh = 0; oh < g->OH; oh++) {                       \
-                        int64_t ih = oh * g->sh - g->ph + i * g->dh;               \
-                        T *r = row + oh * g->OW;                                   \
-                        if (ih < 0 || ih >= g->H) {                                \
-                            memset(r, 0, (size_t)g->OW * sizeof(T));               \
+        const int64_t C = g->C, H = g->H, W = g->W, KH = g->KH, KW = g->KW;        \
+        const int64_t OH = g->OH, OW = g->OW, sh = g->sh, sw = g->sw, L = OH * OW; \
+        for (int64_t c = 0; c < C; c++)                                            \
+            for (int64_t i = 0; i < KH; i++)                                       \
+                for (int64_t j = 0; j < KW; j++) {                                 \
+                    T *row = col + ((c * KH + i) * KW + j) * L;                    \
+                    int64_t off = j * g->dw - g->pw, lo, hi, rlo, rhi;             \
+                    valid_range(off, sw, W, OW, &lo, &hi);                         \
+                    valid_range(i * g->dh - g->ph, sh, H, OH, &rlo, &rhi);         \
+                    if (rlo > 0) memset(row, 0, (size_t)(rlo * OW) * sizeof(T));   \
+                    if (rhi < OH)                                                  \
+                        memset(row + rhi * OW, 0, (size_t)((OH - rhi) * OW) * sizeof(T)); \
+                    const T *xc = x + c * H * W + off;                             \
+                    bool whole = sw == 1 && lo == 0 && hi == OW && OW >= V;        \
+                    int64_t ih = rlo * sh - g->ph + i * g->dh;                     \
+                    for (int64_t oh = rlo; oh < rhi; oh++, ih += sh) {             \
+                        T *r = row + oh * OW;                                      \
+                        const T *xr = xc + ih * W;                                 \
+                        if (whole) {                                               \
+                            int64_t k = 0;                                         \
+                            for (; k + V <= OW; k += V) memcpy(r + k, xr + k, 32); \
+                            if (k < OW) memcpy(r + OW - V, xr + OW - V, 32);       \
                             continue;                                              \
                         }                                                          \
-                        const T *xr = x + (c * g->H + ih) * g->W;                  \
                         for (int64_t ow = 0; ow < lo; ow++) r[ow] = 0;             \
-                        if (g->sw == 1)                                            \
-                            copy_run_##SFX(r + lo, xr + off + lo, hi - lo);        \
+                        if (sw == 1)                                               \
+                            copy_run_##SFX(r + lo, xr + lo, hi - lo);              \
                         else                                                       \
-                            for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[off + ow * g->sw]; \
-                        for (int64_t ow = hi; ow < g->OW; ow++) r[ow] = 0;         \
+                            for (int64_t ow = lo; ow < hi; ow++) r[ow] = xr[ow * sw]; \
+                        for (int64_t ow = hi; ow < OW; ow++) r[ow] = 0;            \
                     }                                                              \
                 }                                                                  \
     }                                                                              \
@@ -92,7 +108,8 @@ static void valid_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int
      * vectors) wait on the add latency; four give eight independent               \
      * vector chains. Each lane adds the same values in the same order             \
      * either way (the same bits). */                                              \
-    TG_CLONES static void channel_sum_##SFX(int64_t N, int64_t C, int64_t S, const void *xv, void *yv) \
+    TG_CLONES static void channel_sum_##SFX(int64_t N, int64_t C, int64_t S,        \
+                                            const void *xv, void *yv)               \
     {                                                                              \
         const T *x = xv;                                                           \
         T *y = yv;                                                                 \
