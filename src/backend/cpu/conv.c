@@ -108,8 +108,8 @@ static void valid_range(int64_t off, int64_t s, int64_t n_in, int64_t n_out, int
      * vectors) wait on the add latency; four give eight independent               \
      * vector chains. Each lane adds the same values in the same order             \
      * either way (the same bits). */                                              \
-    TG_CLONES static void channel_sum_##SFX(int64_t N, int64_t C, int64_t S,        \
-                                            const void *xv, void *yv)               \
+    TG_CLONES static void channel_sum_##SFX(int64_t N, int64_t C, int64_t S,       \
+                                            const void *xv, void *yv)              \
     {                                                                              \
         const T *x = xv;                                                           \
         T *y = yv;                                                                 \
