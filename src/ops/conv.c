@@ -280,36 +280,58 @@ static tg_status bwd_weight_shape(const tg_op *op, const tg_op_attrs *a, tg_tens
     return TG_OK;
 }
 
-static tg_tensor *bwd_weight_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+/* dW (O, C/G, KH, KW) into gw from x and the output gradient gy, image by
+ * image: dW_g += gy_ng col(x_ng)^T, beta 0 for the first image (zeros for
+ * none). relu_y non-NULL (conv2d_relu's first order): image n's gy is made
+ * just before its GEMMs, from the incoming gradient g as relu_backward
+ * would, gy_n = g_n where relu_y_n > 0, else 0 (gy may be g itself), so
+ * that the GEMMs read it from cache. false (the error recorded) when the
+ * column scratch cannot be had. */
+static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t KW, int64_t O,
+                        const tg_tensor *relu_y, const tg_tensor *g, const tg_tensor *gy,
+                        tg_tensor *gw)
 {
-    const tg_tensor *x = in[0], *gy = in[1];
-    conv_p p = params_of(ctx->attrs);
-    int64_t N = x->shape[0], C = x->shape[1], O = gy->shape[1], Cg = C / p.G, Og = O / p.G;
-    tg_conv2d_geom g = geom_of(Cg, x->shape[2], x->shape[3], ctx->attrs->ints[6],
-                               ctx->attrs->ints[7], &p);
-    int64_t K = Cg * g.KH * g.KW, L = g.OH * g.OW, HW = g.H * g.W;
+    int64_t N = x->shape[0], C = x->shape[1], Cg = C / p->G, Og = O / p->G;
+    tg_conv2d_geom geo = geom_of(Cg, x->shape[2], x->shape[3], KH, KW, p);
+    int64_t K = Cg * geo.KH * geo.KW, L = geo.OH * geo.OW, HW = geo.H * geo.W;
     size_t es = tg_dtype_size(x->dtype);
     bool failed;
-    tg_tensor *gw = tg_op_ctx_new_output(ctx);
-    tg_tensor *col = gw ? col_scratch(&g, x, &failed) : NULL;
-    if (!gw || failed) {
-        tg_tensor_release(gw);
-        return NULL;
-    }
+    tg_tensor *col = col_scratch(&geo, x, &failed);
+    if (failed) return false;
     if (N == 0) TG_KERNEL(tg_fill_fn, TG_K_FILL, gw)(gw->numel, tg__tensor_ptr(gw), 0.0);
+    tg_grad_fn mask = relu_y ? TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, relu_y) : NULL;
     tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, x);
     tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
     char *xp = tg__tensor_ptr(x), *gp = tg__tensor_ptr(gy), *wp = tg__tensor_ptr(gw);
     char *cp = col ? tg__tensor_ptr(col) : NULL;
-    for (int64_t n = 0; n < N && Og > 0 && K > 0; n++)
-        for (int64_t gi = 0; gi < p.G; gi++) {
+    for (int64_t n = 0; n < N; n++) {
+        if (mask) {
+            size_t at = (size_t)(n * O * L) * es;
+            mask(O * L, (char *)tg__tensor_ptr(relu_y) + at, (char *)tg__tensor_ptr(g) + at,
+                 gp + at, 0.0);
+        }
+        for (int64_t gi = 0; gi < p->G && Og > 0 && K > 0; gi++) {
             char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
-            if (cp) im2col(&g, src, cp);
+            if (cp) im2col(&geo, src, cp);
             /* dW_g (Og, K) += dY_ng (Og, L) . col^T (L, K) */
             gemm(false, true, Og, K, L, gp + (size_t)((n * O + gi * Og) * L) * es, L,
                  cp ? cp : src, L, n ? 1.0 : 0.0, wp + (size_t)(gi * Og * K) * es, K);
         }
+    }
     tg_tensor_release(col);
+    return true;
+}
+
+static tg_tensor *bwd_weight_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
+{
+    const tg_tensor *x = in[0], *gy = in[1];
+    conv_p p = params_of(ctx->attrs);
+    tg_tensor *gw = tg_op_ctx_new_output(ctx);
+    if (gw && !weight_grad(x, &p, ctx->attrs->ints[6], ctx->attrs->ints[7], gy->shape[1], NULL,
+                           NULL, gy, gw)) {
+        tg_tensor_release(gw);
+        return NULL;
+    }
     return gw;
 }
 
@@ -376,43 +398,20 @@ static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 }
 
 /* conv2d_relu's first order (nothing records), when the weight needs a
- * gradient: gm = relu_grad(y, g) and the weight's gradient image by image,
- * each image's GEMMs right after its gm is made, so that they read it from
- * cache. The same kernels and GEMM calls, in the same order, as
+ * gradient: gm = relu_grad(y, g) and the weight's gradient image by image
+ * (weight_grad), the same kernels and GEMM calls, in the same order, as
  * relu_backward then conv2d_backward_weight; gm, all of it, is left for
  * the input's and the bias's gradients. Returns the bits of the inputs
  * made (2), or -1 with the error recorded. */
 static int conv_relu_wgrad(tg_op_ctx *ctx, const tg_tensor *y, const tg_tensor *g, tg_tensor *gm,
                            tg_tensor **gin)
 {
-    const tg_tensor *x = tg_op_ctx_input(ctx, 0), *w = tg_op_ctx_input(ctx, 1);
+    const tg_tensor *w = tg_op_ctx_input(ctx, 1);
     conv_p p = params_of(ctx->attrs);
-    int64_t N = x->shape[0], C = x->shape[1], O = w->shape[0], Cg = C / p.G, Og = O / p.G;
-    tg_conv2d_geom geo = geom_of(Cg, x->shape[2], x->shape[3], w->shape[2], w->shape[3], &p);
-    int64_t K = Cg * geo.KH * geo.KW, L = geo.OH * geo.OW, HW = geo.H * geo.W;
-    size_t es = tg_dtype_size(x->dtype);
-    bool failed = false;
     tg_tensor *gw = tg_op_ctx_new_grad(ctx, 1);
-    tg_tensor *col = gw ? col_scratch(&geo, x, &failed) : NULL;
-    if (!gw || failed) return -1;
-    if (N == 0) TG_KERNEL(tg_fill_fn, TG_K_FILL, gw)(gw->numel, tg__tensor_ptr(gw), 0.0);
-    tg_grad_fn mask = TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, y);
-    tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, x);
-    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
-    const char *xp = tg__tensor_ptr(x), *yp = tg__tensor_ptr(y), *gp = tg__tensor_ptr(g);
-    char *mp = tg__tensor_ptr(gm), *wp = tg__tensor_ptr(gw);
-    char *cp = col ? tg__tensor_ptr(col) : NULL;
-    for (int64_t n = 0; n < N; n++) {
-        size_t at = (size_t)(n * O * L) * es;
-        mask(O * L, yp + at, gp + at, mp + at, 0.0);
-        for (int64_t gi = 0; gi < p.G && Og > 0 && K > 0; gi++) {
-            const char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
-            if (cp) im2col(&geo, src, cp);
-            gemm(false, true, Og, K, L, mp + (size_t)((n * O + gi * Og) * L) * es, L,
-                 cp ? cp : src, L, n ? 1.0 : 0.0, wp + (size_t)(gi * Og * K) * es, K);
-        }
-    }
-    tg_tensor_release(col);
+    if (!gw || !weight_grad(tg_op_ctx_input(ctx, 0), &p, w->shape[2], w->shape[3], w->shape[0],
+                            y, g, gm, gw))
+        return -1;
     gin[1] = gw;
     return 2;
 }
