@@ -218,6 +218,19 @@ static void expect_mean_of_halves(tg_dtype dt, const double *got, double *const 
     }
 }
 
+/* One replica step of m's mlp from zeroed gradients (it must succeed);
+ * then its flat gradient is, bitwise in dt, the mean of the halves' g. */
+static void step_expect_mean_of_halves(tg_replicas *r, model *m, tg_dtype dt, double *const *g,
+                                       int64_t n, int run)
+{
+    tg_params_zero_grad(m->ps);
+    cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m->x, m->y}, mlp_loss, m, NULL), TG_OK,
+                 "%s", tg_last_error_message());
+    double *got = flat_values(m->ps, dt, true);
+    expect_mean_of_halves(dt, got, g, n, run);
+    free(got);
+}
+
 /* Two workers' sum is s0 g0 + s1 g1 in float, taken in worker order, where
  * g0 and g1 are plain backwards over each half of the batch: bitwise,
  * whether worker 0's gradient went through a tensor of its own or
@@ -357,16 +370,11 @@ Test(replicas, a_shape_whose_chained_gemms_round_differently_is_not_deferred)
     tg_replicas *r = tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = 2});
     int first = -1;
     for (int rep = 0; rep < 2; rep++) {
-        tg_params_zero_grad(m.ps);
-        cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m.x, m.y}, mlp_loss, &m, NULL), TG_OK,
-                     "%s", tg_last_error_message());
+        step_expect_mean_of_halves(r, &m, TG_F32, g, n, rep);
         int d = tg_replicas_last_deferred(r);
         cr_assert_eq(d + tg_replicas_last_refused(r), 2);
         if (rep == 0) first = d;
         cr_assert_eq(d, first, "the verdict changed: %d then %d", first, d);
-        double *got = flat_values(m.ps, TG_F32, true);
-        expect_mean_of_halves(TG_F32, got, g, n, rep);
-        free(got);
     }
     free(g[0]);
     free(g[1]);
@@ -393,14 +401,9 @@ Test(replicas, on_the_ref_backend_f64_defers_and_f32_is_refused)
         tg_replicas *r = tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = 2});
         cr_assert(r, "%s", tg_last_error_message());
         for (int rep = 0; rep < 3; rep++) {
-            tg_params_zero_grad(m.ps);
-            cr_assert_eq(tg_replicas_step(r, 2, (tg_tensor *[]){m.x, m.y}, mlp_loss, &m, NULL),
-                         TG_OK, "%s", tg_last_error_message());
+            step_expect_mean_of_halves(r, &m, dt, g, n, rep);
             cr_assert_eq(tg_replicas_last_deferred(r), d ? 2 : 0, "%s", tg_dtype_name(dt));
             cr_assert_eq(tg_replicas_last_refused(r), d ? 0 : 2, "%s", tg_dtype_name(dt));
-            double *got = flat_values(m.ps, dt, true);
-            expect_mean_of_halves(dt, got, g, n, rep);
-            free(got);
         }
         free(g[0]);
         free(g[1]);
