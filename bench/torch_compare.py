@@ -79,6 +79,7 @@ import math
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -640,14 +641,15 @@ def round_ratios(names, rounds):
     round), with their median and range."""
     print("\nratios over %d rounds (each round runs PyTorch, libtorch and tapegrad in "
           "turn, the first of them rotating): median (min-max), then each round's" % len(rounds))
+    tgw = [{x["name"]: x for x in tg["workloads"]} for _, _, tg, _ in rounds]
     res = {}
     for n in names:
         res[n] = {}
         for v in VARIANTS:
             for key, label in (("py", "tg/py"), ("cpp", "tg/cpp")):
                 rs = []
-                for pt, cpp, tg, _ in rounds:
-                    w = {x["name"]: x for x in tg["workloads"]}.get(n)
+                for (pt, cpp, _, _), ws in zip(rounds, tgw):
+                    w = ws.get(n)
                     if not w or not w.get("ok"):
                         continue
                     other = pt[n][v] if key == "py" else (cpp[0].get(n, {}).get(v) if cpp else None)
@@ -656,11 +658,9 @@ def round_ratios(names, rounds):
                 if not rs:
                     continue
                 res[n].setdefault(v, {})[key] = rs
-                srt = sorted(rs)
-                mid = len(srt) // 2
-                med = srt[mid] if len(srt) % 2 else (srt[mid - 1] + srt[mid]) / 2
                 print("%-12s %-10s %-6s %.3f (%.3f-%.3f)  %s" % (
-                    n, v, label, med, srt[0], srt[-1], " ".join("%.3f" % x for x in rs)))
+                    n, v, label, statistics.median(rs), min(rs), max(rs),
+                    " ".join("%.3f" % x for x in rs)))
     return res
 
 
