@@ -879,6 +879,68 @@ Test(backends, large_broadcasting_elementwise_ops_match_ref_on_every_cpu_path)
     tu_expect_no_leaks(mem0);
 }
 
+/* conv2d's products on cpu: a reduction of K <= TG_CONV_SHORT_K (32) runs on
+ * the conv_short kernels (blocks of 4 output rows by 3 vectors of columns;
+ * the weight gradient's 4 x 3 outputs), a longer one through BLAS. The
+ * cases take both sides of K = 32, output rows and weight columns that do
+ * not fill a block (6 = 4 + 1 + 1 rows, K = 8 = 3 + 3 + 1 + 1), column
+ * tails past the last whole block and vector (81 = 3 x 24 + 9 = 10 x 8 + 1
+ * floats), groups, the workload's 1->16 3x3 on 28x28 (676 = 28 x 24 + 4),
+ * and conv2d_relu (relu in registers) on the same shapes. */
+#define CONV_ATTRS(s_, p_, g_)                                                                     \
+    {                                                                                              \
+        .nints = 6, .ints = {s_, s_, p_, p_, 1, 1}, .target = g_                                   \
+    }
+Test(backends, conv2d_on_both_sides_of_the_short_reduction_matches_ref)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const bcase cases[] = {
+        {.op = "conv2d",
+         .label = "(2,1,28,28) * (16,1,3,3): K = 9",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 1, 28, 28), U(-1, 1, 4, 16, 1, 3, 3), U(-1, 1, 1, 16)},
+         .attrs = CONV_ATTRS(1, 0, 1)},
+        {.op = "conv2d",
+         .label = "(2,2,10,10) * (6,2,2,2): K = 8, rows and columns in remainders",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 2, 10, 10), U(-1, 1, 4, 6, 2, 2, 2), U(-1, 1, 1, 6)},
+         .attrs = CONV_ATTRS(1, 0, 1)},
+        {.op = "conv2d",
+         .label = "(2,4,8,8) * (6,2,3,3), groups 2, padding 1: K = 18, 3 rows a group",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 4, 8, 8), U(-1, 1, 4, 6, 2, 3, 3), U(-1, 1, 1, 6)},
+         .attrs = CONV_ATTRS(1, 1, 2)},
+        {.op = "conv2d",
+         .label = "(2,3,9,9) * (5,3,3,3), stride 2, padding 1: K = 27",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 3, 9, 9), U(-1, 1, 4, 5, 3, 3, 3), U(-1, 1, 1, 5)},
+         .attrs = CONV_ATTRS(2, 1, 1)},
+        {.op = "conv2d",
+         .label = "(2,4,8,8) * (5,4,3,3): K = 36, through BLAS",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 4, 8, 8), U(-1, 1, 4, 5, 4, 3, 3), U(-1, 1, 1, 5)},
+         .attrs = CONV_ATTRS(1, 0, 1)},
+        {.op = "conv2d_relu",
+         .label = "(2,1,28,28) * (16,1,3,3): K = 9",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 1, 28, 28), U(-1, 1, 4, 16, 1, 3, 3), U(-1, 1, 1, 16)},
+         .attrs = CONV_ATTRS(1, 0, 1)},
+        {.op = "conv2d_relu",
+         .label = "(2,2,10,10) * (6,2,2,2): K = 8, rows and columns in remainders",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 2, 10, 10), U(-1, 1, 4, 6, 2, 2, 2), U(-1, 1, 1, 6)},
+         .attrs = CONV_ATTRS(1, 0, 1)},
+        {.op = "conv2d_relu",
+         .label = "(2,4,8,8) * (5,4,3,3): K = 36, through BLAS",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 4, 8, 8), U(-1, 1, 4, 5, 4, 3, 3), U(-1, 1, 1, 5)},
+         .attrs = CONV_ATTRS(1, 0, 1)},
+    };
+    run_table(cases, NCASES(cases));
+    log_margins("conv2d");
+    tu_expect_no_leaks(mem0);
+}
+
 Test(backends, large_unary_ops_match_ref_on_cpu)
 {
     size_t mem0 = tg_mem_current_bytes();

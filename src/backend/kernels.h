@@ -86,7 +86,10 @@
     X(SIN) X(COS)         /* tg_unary_fn */                                        \
     X(SIN_GRAD) X(COS_GRAD) /* tg_grad_fn, s = x */                                \
     /* unary: tg_gradgrad_fn, gs = gg * gy * d f'(s) / ds, s as for _GRAD */       \
-    X(EXP_GG) X(LOG_GG) X(SQRT_GG) X(TANH_GG) X(SIGMOID_GG) X(POW_GG)
+    X(EXP_GG) X(LOG_GG) X(SQRT_GG) X(TANH_GG) X(SIGMOID_GG) X(POW_GG)           \
+    /* conv */                                                                     \
+    X(CONV_SHORT_FWD)     /* tg_conv_short_fwd_fn */                               \
+    X(CONV_SHORT_WGRAD)   /* tg_conv_short_wgrad_fn */
 
 typedef enum tg_kernel_id {
 #define TG__KID(name) TG_K_##name,
@@ -266,6 +269,18 @@ typedef void (*tg_im2col_fn)(const tg_conv2d_geom *g, const void *x, void *col);
 typedef void (*tg_col2im_fn)(const tg_conv2d_geom *g, const void *col, void *x);
 /* y (C) = sum of x (N, C, S) over N and S (overwritten): bias gradients. */
 typedef void (*tg_channel_sum_fn)(int64_t N, int64_t C, int64_t S, const void *x, void *y);
+/* The products of a convolution whose reduction is short (few input
+ * channels times taps: the op takes them for K <= TG_CONV_SHORT_K), where a
+ * BLAS GEMM spends its time packing its operands. Every matrix is dense
+ * row-major. The forward: y (m, l) = bias + w (m, k) x (k, l), then, where
+ * relu, relu's values (v <= 0 -> 0, NaN kept); y is overwritten. */
+typedef void (*tg_conv_short_fwd_fn)(int64_t m, int64_t k, int64_t l, const void *w,
+                                     const void *x, const void *bias, bool relu, void *y);
+/* The weight gradient's product for one image: c (m, n) = a (m, l) b (n, l)^T,
+ * plus c where accumulate. */
+typedef void (*tg_conv_short_wgrad_fn)(int64_t m, int64_t n, int64_t l, const void *a,
+                                       const void *b, bool accumulate, void *c);
+#define TG_CONV_SHORT_K 32
 
 /* ---- pool (pool.c) ---------------------------------------------------------- */
 

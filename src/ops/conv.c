@@ -154,7 +154,9 @@ static tg_status conv_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *co
 
 /* y = b + W * x; relu: then y = max(0, y), image by image while the
  * image's output is in cache (the relu kernel's values: the same bits as
- * a relu after the conv). */
+ * a relu after the conv). A short reduction (K <= TG_CONV_SHORT_K) takes
+ * the conv_short kernels, which add the bias and rectify in registers;
+ * a longer one a bias fill and a GEMM. */
 static tg_tensor *conv_forward(tg_op_ctx *ctx, tg_tensor *const *in, bool relu)
 {
     const tg_tensor *x = in[0], *w = in[1], *b = in[2];
@@ -163,27 +165,35 @@ static tg_tensor *conv_forward(tg_op_ctx *ctx, tg_tensor *const *in, bool relu)
     tg_conv2d_geom g = geom_of(Cg, x->shape[2], x->shape[3], w->shape[2], w->shape[3], &p);
     int64_t K = Cg * g.KH * g.KW, L = g.OH * g.OW, HW = g.H * g.W;
     size_t es = tg_dtype_size(x->dtype);
-    bool failed;
+    bool failed, short_k = K > 0 && K <= TG_CONV_SHORT_K;
     tg_tensor *y = tg_op_ctx_new_output(ctx);
     tg_tensor *col = y ? col_scratch(&g, x, &failed) : NULL;
     if (!y || failed) {
         tg_tensor_release(y);
         return NULL;
     }
-    tg_fill_fn fill = TG_KERNEL(tg_fill_fn, TG_K_FILL, y);
     tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, x);
     tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
+    tg_conv_short_fwd_fn fwd_short = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, x);
     char *xp = tg__tensor_ptr(x), *wp = tg__tensor_ptr(w), *yp = tg__tensor_ptr(y);
-    char *cp = col ? tg__tensor_ptr(col) : NULL;
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t o = 0; o < O; o++) fill(L, yp + (size_t)((n * O + o) * L) * es, value_at(b, o));
-    tg_unary_fn rectify = relu ? TG_KERNEL(tg_unary_fn, TG_K_RELU, y) : NULL;
+    char *bp = tg__tensor_ptr(b), *cp = col ? tg__tensor_ptr(col) : NULL;
+    if (!short_k) {
+        tg_fill_fn fill = TG_KERNEL(tg_fill_fn, TG_K_FILL, y);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < O; o++)
+                fill(L, yp + (size_t)((n * O + o) * L) * es, value_at(b, o));
+    }
+    tg_unary_fn rectify = relu && !short_k ? TG_KERNEL(tg_unary_fn, TG_K_RELU, y) : NULL;
     for (int64_t n = 0; n < N; n++) {
         for (int64_t gi = 0; gi < p.G && K > 0; gi++) {
             char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
+            char *wg = wp + (size_t)(gi * Og * K) * es;
+            char *yg = yp + (size_t)((n * O + gi * Og) * L) * es;
             if (cp) im2col(&g, src, cp);
-            gemm(false, false, Og, L, K, wp + (size_t)(gi * Og * K) * es, K, cp ? cp : src, L, 1.0,
-                 yp + (size_t)((n * O + gi * Og) * L) * es, L);
+            if (short_k)
+                fwd_short(Og, K, L, wg, cp ? cp : src, bp + (size_t)(gi * Og) * es, relu, yg);
+            else
+                gemm(false, false, Og, L, K, wg, K, cp ? cp : src, L, 1.0, yg, L);
         }
         if (rectify) {
             char *yn = yp + (size_t)(n * O * L) * es;
@@ -282,7 +292,8 @@ static tg_status bwd_weight_shape(const tg_op *op, const tg_op_attrs *a, tg_tens
 
 /* dW (O, C/G, KH, KW) into gw from x and the output gradient gy, image by
  * image: dW_g += gy_ng col(x_ng)^T, beta 0 for the first image (zeros for
- * none). relu_y non-NULL (conv2d_relu's first order): image n's gy is made
+ * none), by the conv_short kernel for a short reduction (K <=
+ * TG_CONV_SHORT_K), else a GEMM. relu_y non-NULL (conv2d_relu's first order): image n's gy is made
  * just before its GEMMs, from the incoming gradient g as relu_backward
  * would, gy_n = g_n where relu_y_n > 0, else 0 (gy may be g itself), so
  * that the GEMMs read it from cache. false (the error recorded) when the
@@ -302,6 +313,8 @@ static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t
     tg_grad_fn mask = relu_y ? TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, relu_y) : NULL;
     tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, x);
     tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
+    tg_conv_short_wgrad_fn wgrad_short =
+        K <= TG_CONV_SHORT_K ? TG_KERNEL(tg_conv_short_wgrad_fn, TG_K_CONV_SHORT_WGRAD, x) : NULL;
     char *xp = tg__tensor_ptr(x), *gp = tg__tensor_ptr(gy), *wp = tg__tensor_ptr(gw);
     char *cp = col ? tg__tensor_ptr(col) : NULL;
     for (int64_t n = 0; n < N; n++) {
@@ -314,8 +327,12 @@ static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t
             char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
             if (cp) im2col(&geo, src, cp);
             /* dW_g (Og, K) += dY_ng (Og, L) . col^T (L, K) */
-            gemm(false, true, Og, K, L, gp + (size_t)((n * O + gi * Og) * L) * es, L,
-                 cp ? cp : src, L, n ? 1.0 : 0.0, wp + (size_t)(gi * Og * K) * es, K);
+            char *gyg = gp + (size_t)((n * O + gi * Og) * L) * es;
+            char *wg = wp + (size_t)(gi * Og * K) * es;
+            if (wgrad_short)
+                wgrad_short(Og, K, L, gyg, cp ? cp : src, n != 0, wg);
+            else
+                gemm(false, true, Og, K, L, gyg, L, cp ? cp : src, L, n ? 1.0 : 0.0, wg, K);
         }
     }
     tg_tensor_release(col);
@@ -457,7 +474,9 @@ static tg_status conv_relu_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 }
 
 /* Cases: plain 3x3; stride 2 / padding 1 / dilation 2 (unequal per dim);
- * groups 2 with padding; the direct 1x1 path; a strided 1x1 (im2col).
+ * groups 2 with padding; the direct 1x1 path; a strided 1x1 (im2col); a
+ * reduction of K = 36 (> TG_CONV_SHORT_K: BLAS; the others take the
+ * conv_short kernels).
  * The fused backward ops take the same geometries. */
 static const struct conv_case {
     int64_t x[4], w[4];
@@ -470,6 +489,7 @@ static const struct conv_case {
     {{1, 4, 4, 4}, {4, 2, 2, 2}, {1, 1, 1, 1, 1, 1}, 2},
     {{2, 3, 3, 3}, {2, 3, 1, 1}, {1, 1, 0, 0, 1, 1}, 1},
     {{1, 2, 5, 4}, {3, 2, 1, 1}, {2, 2, 1, 0, 1, 1}, 1},
+    {{1, 4, 4, 4}, {2, 4, 3, 3}, {1, 1, 1, 1, 1, 1}, 1},
 };
 #define NCONV ((int)(sizeof conv_cases / sizeof conv_cases[0]))
 

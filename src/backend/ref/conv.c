@@ -66,10 +66,43 @@
         }                                                                          \
     }
 
+/* The short-reduction products, as the ref GEMM makes them (double sums,
+ * the bias or the accumulated value added last): the same values as a
+ * bias fill and a GEMM with beta 1. */
+#define DEF_CONV_SHORT(SFX, T)                                                     \
+    static void conv_short_fwd_##SFX(int64_t m, int64_t k, int64_t l, const void *wv, \
+                                     const void *xv, const void *bv, bool relu, void *yv) \
+    {                                                                              \
+        const T *w = wv, *x = xv, *b = bv;                                         \
+        T *y = yv;                                                                 \
+        for (int64_t i = 0; i < m; i++)                                            \
+            for (int64_t j = 0; j < l; j++) {                                      \
+                double acc = 0.0;                                                  \
+                for (int64_t p = 0; p < k; p++) acc += (double)w[i * k + p] * x[p * l + j]; \
+                T v = (T)(acc + (double)b[i]);                                     \
+                y[i * l + j] = relu && v <= 0 ? (T)0 : v;                          \
+            }                                                                      \
+    }                                                                              \
+    static void conv_short_wgrad_##SFX(int64_t m, int64_t n, int64_t l, const void *av, \
+                                       const void *bv, bool accumulate, void *cv)  \
+    {                                                                              \
+        const T *a = av, *b = bv;                                                  \
+        T *c = cv;                                                                 \
+        for (int64_t i = 0; i < m; i++)                                            \
+            for (int64_t j = 0; j < n; j++) {                                      \
+                double acc = 0.0;                                                  \
+                for (int64_t p = 0; p < l; p++) acc += (double)a[i * l + p] * b[j * l + p]; \
+                double prev = accumulate ? (double)c[i * n + j] : 0.0;             \
+                c[i * n + j] = (T)(acc + prev);                                    \
+            }                                                                      \
+    }
+
 DEF_IM2COL(f32, float)
 DEF_IM2COL(f64, double)
 DEF_CHANNEL_SUM(f32, float)
 DEF_CHANNEL_SUM(f64, double)
+DEF_CONV_SHORT(f32, float)
+DEF_CONV_SHORT(f64, double)
 
 void tg__ref_conv_register(void)
 {
@@ -79,5 +112,7 @@ void tg__ref_conv_register(void)
     SET(IM2COL, im2col)
     SET(COL2IM, col2im)
     SET(CHANNEL_SUM, channel_sum)
+    SET(CONV_SHORT_FWD, conv_short_fwd)
+    SET(CONV_SHORT_WGRAD, conv_short_wgrad)
 #undef SET
 }
