@@ -881,12 +881,13 @@ Test(backends, large_broadcasting_elementwise_ops_match_ref_on_every_cpu_path)
 
 /* conv2d's products on cpu: a reduction of K <= TG_CONV_SHORT_K (32) runs on
  * the conv_short kernels (blocks of 4 output rows by 3 vectors of columns;
- * the weight gradient's 4 x 3 outputs), a longer one through BLAS. The
- * cases take both sides of K = 32, output rows and weight columns that do
- * not fill a block (6 = 4 + 1 + 1 rows, K = 8 = 3 + 3 + 1 + 1), column
- * tails past the last whole block and vector (81 = 3 x 24 + 9 = 10 x 8 + 1
- * floats), groups, the workload's 1->16 3x3 on 28x28 (676 = 28 x 24 + 4),
- * and conv2d_relu (relu in registers) on the same shapes. */
+ * the weight gradient's 4 x 3 outputs), a longer one through BLAS; the
+ * input gradient's reduction is over the output channels. The cases take
+ * both sides of K = 32 and of 32 output channels, output rows and weight
+ * columns that do not fill a block (6 = 4 + 1 + 1 rows, K = 8 = 3 + 3 + 1 +
+ * 1), column tails past the last whole block and vector (81 = 3 x 24 + 9 =
+ * 10 x 8 + 1 floats), groups, the workload's 1->16 3x3 on 28x28 (676 = 28 x
+ * 24 + 4), and conv2d_relu (relu in registers) on the same shapes. */
 #define CONV_ATTRS(s_, p_, g_)                                                                     \
     {                                                                                              \
         .nints = 6, .ints = {s_, s_, p_, p_, 1, 1}, .target = g_                                   \
@@ -915,6 +916,11 @@ Test(backends, conv2d_on_both_sides_of_the_short_reduction_matches_ref)
          .n = 3,
          .in = {U(-1, 1, 4, 2, 3, 9, 9), U(-1, 1, 4, 5, 3, 3, 3), U(-1, 1, 1, 5)},
          .attrs = CONV_ATTRS(2, 1, 1)},
+        {.op = "conv2d",
+         .label = "(2,2,6,6) * (34,2,3,3): 34 output channels, the input gradient through BLAS",
+         .n = 3,
+         .in = {U(-1, 1, 4, 2, 2, 6, 6), U(-1, 1, 4, 34, 2, 3, 3), U(-1, 1, 1, 34)},
+         .attrs = CONV_ATTRS(1, 0, 1)},
         {.op = "conv2d",
          .label = "(2,4,8,8) * (5,4,3,3): K = 36, through BLAS",
          .n = 3,

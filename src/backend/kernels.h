@@ -273,7 +273,8 @@ typedef void (*tg_channel_sum_fn)(int64_t N, int64_t C, int64_t S, const void *x
  * channels times taps: the op takes them for K <= TG_CONV_SHORT_K), where a
  * BLAS GEMM spends its time packing its operands. Every matrix is dense
  * row-major. The forward: y (m, l) = bias + w (m, k) x (k, l), then, where
- * relu, relu's values (v <= 0 -> 0, NaN kept); y is overwritten. */
+ * relu, relu's values (v <= 0 -> 0, NaN kept); y is overwritten. bias NULL:
+ * nothing added (the input gradient's product, W^T gy). */
 typedef void (*tg_conv_short_fwd_fn)(int64_t m, int64_t k, int64_t l, const void *w,
                                      const void *x, const void *bias, bool relu, void *y);
 /* The weight gradient's product for one image: c (m, n) = t, or c + t where

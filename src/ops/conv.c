@@ -96,8 +96,8 @@ static tg_status need_dtype_of(const tg_op *op, int argi, const tg_tensor *t, co
 
 /* Column scratch (K, L) in x's dtype, `parts` of them one after another,
  * or NULL for a direct conv. */
-static tg_tensor *col_scratch_n(const tg_conv2d_geom *g, const tg_tensor *like, int parts,
-                                bool *failed)
+static tg_tensor *col_scratch(const tg_conv2d_geom *g, const tg_tensor *like, int parts,
+                              bool *failed)
 {
     *failed = false;
     if (is_direct(g)) return NULL;
@@ -105,11 +105,6 @@ static tg_tensor *col_scratch_n(const tg_conv2d_geom *g, const tg_tensor *like, 
     tg_tensor *c = tg__tensor_empty(like->dtype, 2, s, like->backend);
     *failed = c == NULL;
     return c;
-}
-
-static tg_tensor *col_scratch(const tg_conv2d_geom *g, const tg_tensor *like, bool *failed)
-{
-    return col_scratch_n(g, like, 1, failed);
 }
 
 /* ---- The short path's image loops (K <= TG_CONV_SHORT_K: the conv_short
@@ -133,9 +128,11 @@ typedef struct conv_job {
     tg_conv_short_fwd_fn fwd;
     tg_conv_short_wgrad_fn wgrad;
     tg_grad_fn mask;        /* conv2d_relu's: gy_n = g_n where relu_y_n > 0 */
-    const char *xp, *wp, *bp; /* forward: x, w, b */
+    tg_col2im_fn col2im;    /* the input gradient's */
+    const char *xp, *wp, *bp; /* forward: x, w, b; input gradient: gy, W_g^T a group */
     const char *ryp, *gp;   /* the mask's relu_y and g */
-    char *yp;               /* forward: y; weight gradient: gy (made by the mask) */
+    char *yp;               /* forward: y; weight gradient: gy (made by the mask); input
+                             * gradient: gx (zeros) */
     char *cp;               /* column scratch, (K, L) a part; NULL: direct */
     char *pp;               /* weight gradient: one product an image, (N, wnumel) */
     char *wout;             /* weight gradient, when one thread runs it */
@@ -174,6 +171,29 @@ static void fwd_part(void *ctx, int part, int nparts)
     job_range(j, part, nparts, &lo, &hi);
     char *col = j->cp ? j->cp + (size_t)(part * j->K * j->L) * j->es : NULL;
     for (int64_t n = lo; n < hi; n++) fwd_image(j, n, col);
+}
+
+/* Image n of the input gradient: dcol = W_g^T gy_ng, scattered into gx_n
+ * (written directly for a direct conv). */
+static void dx_image(const conv_job *j, int64_t n, char *col)
+{
+    size_t es = j->es;
+    for (int64_t gi = 0; gi < j->G; gi++) {
+        char *dst = j->yp + (size_t)((n * j->C + gi * j->Cg) * j->HW) * es;
+        j->fwd(j->K, j->Og, j->L, j->wp + (size_t)(gi * j->K * j->Og) * es,
+               j->xp + (size_t)((n * j->O + gi * j->Og) * j->L) * es, NULL, false,
+               col ? col : dst);
+        if (col) j->col2im(&j->geo, col, dst);
+    }
+}
+
+static void dx_part(void *ctx, int part, int nparts)
+{
+    const conv_job *j = ctx;
+    int64_t lo, hi;
+    job_range(j, part, nparts, &lo, &hi);
+    char *col = j->cp ? j->cp + (size_t)(part * j->K * j->L) * j->es : NULL;
+    for (int64_t n = lo; n < hi; n++) dx_image(j, n, col);
 }
 
 /* Image n of the weight gradient into out (wnumel), added to it where
@@ -285,7 +305,7 @@ static tg_tensor *conv_forward(tg_op_ctx *ctx, tg_tensor *const *in, bool relu)
     bool failed, short_k = K > 0 && K <= TG_CONV_SHORT_K;
     int parts = short_k ? conv_parts(N, (double)N * (double)O * (double)K * (double)L) : 1;
     tg_tensor *y = tg_op_ctx_new_output(ctx);
-    tg_tensor *col = y ? col_scratch_n(&g, x, parts, &failed) : NULL;
+    tg_tensor *col = y ? col_scratch(&g, x, parts, &failed) : NULL;
     if (!y || failed) {
         tg_tensor_release(y);
         return NULL;
@@ -357,6 +377,10 @@ static tg_status bwd_input_shape(const tg_op *op, const tg_op_attrs *a, tg_tenso
     return TG_OK;
 }
 
+/* gx = col2im(W^T gy), image by image. A short reduction over the output
+ * channels (Og <= TG_CONV_SHORT_K) takes the conv_short forward kernel on
+ * W_g^T (a transposed copy, K x Og a group), on the pool's threads when the
+ * work is large (each image's gradient is its own); else a GEMM. */
 static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *w = in[0], *gy = in[1];
@@ -366,18 +390,47 @@ static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     tg_conv2d_geom g = geom_of(Cg, os->shape[2], os->shape[3], w->shape[2], w->shape[3], &p);
     int64_t K = Cg * g.KH * g.KW, L = g.OH * g.OW, HW = g.H * g.W;
     size_t es = tg_dtype_size(w->dtype);
-    bool failed;
+    bool failed, short_o = Og > 0 && Og <= TG_CONV_SHORT_K && K > 0;
+    int parts = short_o ? conv_parts(N, (double)N * (double)O * (double)K * (double)L) : 1;
     tg_tensor *gx = tg_op_ctx_new_output(ctx);
-    tg_tensor *dcol = gx ? col_scratch(&g, w, &failed) : NULL;
+    tg_tensor *dcol = gx ? col_scratch(&g, w, parts, &failed) : NULL;
     if (!gx || failed) {
         tg_tensor_release(gx);
         return NULL;
     }
     TG_KERNEL(tg_fill_fn, TG_K_FILL, gx)(gx->numel, tg__tensor_ptr(gx), 0.0);
     tg_col2im_fn col2im = TG_KERNEL(tg_col2im_fn, TG_K_COL2IM, w);
-    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, w);
     char *wp = tg__tensor_ptr(w), *gp = tg__tensor_ptr(gy), *xp = tg__tensor_ptr(gx);
     char *cp = dcol ? tg__tensor_ptr(dcol) : NULL;
+    if (short_o) {
+        int64_t ts[2] = {p.G * K, Og};
+        tg_tensor *wt = tg__tensor_empty(w->dtype, 2, ts, w->backend);
+        if (!wt) {
+            tg_tensor_release(dcol);
+            tg_tensor_release(gx);
+            return NULL;
+        }
+        char *tp = tg__tensor_ptr(wt);
+        for (int64_t gi = 0; gi < p.G; gi++) /* W_g (Og, K) -> W_g^T (K, Og) */
+            for (int64_t o = 0; o < Og; o++)
+                for (int64_t k = 0; k < K; k++)
+                    memcpy(tp + (size_t)((gi * K + k) * Og + o) * es,
+                           wp + (size_t)((gi * Og + o) * K + k) * es, es);
+        conv_job j = {
+            .geo = g, .N = N, .C = C, .O = O, .G = p.G, .Cg = Cg, .Og = Og, .K = K, .L = L,
+            .HW = HW, .es = es, .col2im = col2im,
+            .fwd = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, w),
+            .xp = gp, .wp = tp, .yp = xp, .cp = cp,
+        };
+        if (parts > 1)
+            tg__pool_run(dx_part, &j, parts);
+        else
+            for (int64_t n = 0; n < N; n++) dx_image(&j, n, cp);
+        tg_tensor_release(wt);
+        tg_tensor_release(dcol);
+        return gx;
+    }
+    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, w);
     for (int64_t n = 0; n < N && Og > 0 && K > 0; n++)
         for (int64_t gi = 0; gi < p.G; gi++) {
             char *dst = xp + (size_t)((n * C + gi * Cg) * HW) * es;
@@ -434,7 +487,7 @@ static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t
     size_t es = tg_dtype_size(x->dtype);
     bool failed, short_k = K > 0 && K <= TG_CONV_SHORT_K && Og > 0;
     int parts = short_k ? conv_parts(N, (double)N * (double)O * (double)K * (double)L) : 1;
-    tg_tensor *col = col_scratch_n(&geo, x, parts, &failed);
+    tg_tensor *col = col_scratch(&geo, x, parts, &failed);
     if (failed) return false;
     if (N == 0) TG_KERNEL(tg_fill_fn, TG_K_FILL, gw)(gw->numel, tg__tensor_ptr(gw), 0.0);
     tg_grad_fn mask = relu_y ? TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, relu_y) : NULL;
@@ -622,8 +675,9 @@ static tg_status conv_relu_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 
 /* Cases: plain 3x3; stride 2 / padding 1 / dilation 2 (unequal per dim);
  * groups 2 with padding; the direct 1x1 path; a strided 1x1 (im2col); a
- * reduction of K = 36 (> TG_CONV_SHORT_K: BLAS; the others take the
- * conv_short kernels).
+ * reduction of K = 36 (> TG_CONV_SHORT_K: the forward and the weight
+ * gradient through BLAS) and one of 33 output channels (the input gradient
+ * through BLAS); the others take the conv_short kernels.
  * The fused backward ops take the same geometries. */
 static const struct conv_case {
     int64_t x[4], w[4];
@@ -637,6 +691,7 @@ static const struct conv_case {
     {{2, 3, 3, 3}, {2, 3, 1, 1}, {1, 1, 0, 0, 1, 1}, 1},
     {{1, 2, 5, 4}, {3, 2, 1, 1}, {2, 2, 1, 0, 1, 1}, 1},
     {{1, 4, 4, 4}, {2, 4, 3, 3}, {1, 1, 1, 1, 1, 1}, 1},
+    {{1, 1, 4, 4}, {33, 1, 2, 2}, {1, 1, 0, 0, 1, 1}, 1},
 };
 #define NCONV ((int)(sizeof conv_cases / sizeof conv_cases[0]))
 

@@ -171,7 +171,8 @@ DEF_CPU_NN(f64, double)
  * columns that do not fill a block taken one at a time.
  * - Forward, per output: w0 x0 + w1 x1 + ... in order of k, then the
  *   bias added, then relu. The same for the columns past the last whole
- *   block, one at a time.
+ *   block, a vector at a time, then one at a time (each output's value
+ *   is its own, whatever its block).
  * - Weight gradient, per output: lane i of one vector sums the products
  *   of columns i, i + V, i + 2V ... in order; the V lanes are added by
  *   halves (lane i + V/2 to lane i, and again), then the products of the
@@ -216,16 +217,29 @@ typedef int64_t tg_i64v __attribute__((vector_size(32)));
             }                                                                      \
             for (int r = 0; r < R; r++)                                            \
                 for (int q = 0; q < 3; q++) {                                      \
-                    VT t = a[r][q] + b[r];                                         \
+                    VT t = b ? a[r][q] + b[r] : a[r][q];                           \
                     if (relu) t = (VT)((MT)t & ~(t <= zero));                      \
                     *(VU *)(y + r * L + l + q * V) = t;                            \
                 }                                                                  \
+        }                                                                          \
+        for (; l + V <= L; l += V) { /* one vector of columns */                  \
+            VT a[4], v = *(const VU *)(x + l);                                     \
+            for (int r = 0; r < R; r++) a[r] = w[r * K] * v;                       \
+            for (int64_t k = 1; k < K; k++) {                                      \
+                v = *(const VU *)(x + k * L + l);                                  \
+                for (int r = 0; r < R; r++) a[r] += w[r * K + k] * v;              \
+            }                                                                      \
+            for (int r = 0; r < R; r++) {                                          \
+                VT t = b ? a[r] + b[r] : a[r];                                     \
+                if (relu) t = (VT)((MT)t & ~(t <= zero));                          \
+                *(VU *)(y + r * L + l) = t;                                        \
+            }                                                                      \
         }                                                                          \
         for (; l < L; l++)                                                         \
             for (int r = 0; r < R; r++) {                                          \
                 T t = w[r * K] * x[l];                                             \
                 for (int64_t k = 1; k < K; k++) t += w[r * K + k] * x[k * L + l];  \
-                t += b[r];                                                         \
+                if (b) t += b[r];                                                  \
                 y[r * L + l] = relu && t <= 0 ? (T)0 : t;                          \
             }                                                                      \
     }                                                                              \
@@ -236,8 +250,10 @@ typedef int64_t tg_i64v __attribute__((vector_size(32)));
         const T *w = wv, *x = xv, *b = bv;                                         \
         T *y = yv;                                                                 \
         int64_t i = 0;                                                             \
-        for (; i + 4 <= m; i += 4) fwd_rows_##SFX(4, k, l, w + i * k, x, b + i, relu, y + i * l); \
-        for (; i < m; i++) fwd_rows_##SFX(1, k, l, w + i * k, x, b + i, relu, y + i * l); \
+        for (; i + 4 <= m; i += 4)                                                 \
+            fwd_rows_##SFX(4, k, l, w + i * k, x, b ? b + i : NULL, relu, y + i * l); \
+        for (; i < m; i++)                                                         \
+            fwd_rows_##SFX(1, k, l, w + i * k, x, b ? b + i : NULL, relu, y + i * l); \
     }                                                                              \
     /* An R x Q block of c from R rows of a and Q rows of b. */                    \
     TG_INLINE void wgrad_block_##SFX(int R, int Q, int64_t L, const T *a, const T *b, \

@@ -81,7 +81,7 @@
             for (int64_t j = 0; j < l; j++) {                                      \
                 double acc = 0.0;                                                  \
                 for (int64_t p = 0; p < k; p++) acc += (double)w[i * k + p] * x[p * l + j]; \
-                T v = (T)(acc + (double)b[i]);                                     \
+                T v = (T)(b ? acc + (double)b[i] : acc);                           \
                 y[i * l + j] = relu && v <= 0 ? (T)0 : v;                          \
             }                                                                      \
     }                                                                              \
