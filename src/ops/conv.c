@@ -107,9 +107,10 @@ static tg_tensor *col_scratch(const tg_conv2d_geom *g, const tg_tensor *like, in
     return c;
 }
 
-/* ---- The short path's image loops (K <= TG_CONV_SHORT_K: the conv_short
- * kernels, which are ours, so that they may run on several threads at once,
- * unlike a BLAS GEMM). Each image is one step; with the pool's threads and
+/* ---- The short path's image loops (K <= TG_CONV_SHORT_K, or for the input
+ * gradient Og <= TG_CONV_SHORT_K: the conv_short kernels, which are ours, so
+ * that they may run on several threads at once, unlike a BLAS GEMM). Each
+ * image is one step; with the pool's threads and
  * enough work the images are cut into contiguous runs, one per thread,
  * each with a column scratch of its own. The weight gradient's threads
  * write each image's product apart, and the caller adds them in image
@@ -135,7 +136,6 @@ typedef struct conv_job {
                              * gradient: gx (zeros) */
     char *cp;               /* column scratch, (K, L) a part; NULL: direct */
     char *pp;               /* weight gradient: one product an image, (N, wnumel) */
-    char *wout;             /* weight gradient, when one thread runs it */
 } conv_job;
 
 static int conv_parts(int64_t N, double macs)
