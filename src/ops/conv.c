@@ -139,6 +139,7 @@ typedef struct conv_job {
                              * gradient: gx (zeros) */
     char *cp;               /* column scratch, (K, L) a part; NULL: direct */
     char *pp;               /* weight gradient: one product an image, (N, wnumel) */
+    void (*image)(const struct conv_job *j, int64_t n, char *col); /* one image's step */
 } conv_job;
 
 static int conv_parts(int64_t N, double macs)
@@ -167,15 +168,6 @@ static void fwd_image(const conv_job *j, int64_t n, char *col)
     }
 }
 
-static void fwd_part(void *ctx, int part, int nparts)
-{
-    const conv_job *j = ctx;
-    int64_t lo, hi;
-    job_range(j, part, nparts, &lo, &hi);
-    char *col = j->cp ? j->cp + (size_t)(part * j->K * j->L) * j->es : NULL;
-    for (int64_t n = lo; n < hi; n++) fwd_image(j, n, col);
-}
-
 /* Image n of the input gradient: dcol = W_g^T gy_ng, scattered into gx_n
  * (written directly for a direct conv). */
 static void dx_image(const conv_job *j, int64_t n, char *col)
@@ -188,15 +180,6 @@ static void dx_image(const conv_job *j, int64_t n, char *col)
                col ? col : dst);
         if (col) j->col2im(&j->geo, col, dst);
     }
-}
-
-static void dx_part(void *ctx, int part, int nparts)
-{
-    const conv_job *j = ctx;
-    int64_t lo, hi;
-    job_range(j, part, nparts, &lo, &hi);
-    char *col = j->cp ? j->cp + (size_t)(part * j->K * j->L) * j->es : NULL;
-    for (int64_t n = lo; n < hi; n++) dx_image(j, n, col);
 }
 
 /* Image n of the weight gradient into out (wnumel), added to it where
@@ -216,14 +199,29 @@ static void wgrad_image(const conv_job *j, int64_t n, char *col, char *out, bool
     }
 }
 
-static void wgrad_part(void *ctx, int part, int nparts)
+/* Image n's weight-gradient product on its own, into row n of pp. */
+static void wgrad_image_apart(const conv_job *j, int64_t n, char *col)
+{
+    wgrad_image(j, n, col, j->pp + (size_t)(n * j->wnumel) * j->es, false);
+}
+
+/* A pool part: its run of images, on its own column scratch. */
+static void image_part(void *ctx, int part, int nparts)
 {
     const conv_job *j = ctx;
     int64_t lo, hi;
     job_range(j, part, nparts, &lo, &hi);
     char *col = j->cp ? j->cp + (size_t)(part * j->K * j->L) * j->es : NULL;
-    for (int64_t n = lo; n < hi; n++)
-        wgrad_image(j, n, col, j->pp + (size_t)(n * j->wnumel) * j->es, false);
+    for (int64_t n = lo; n < hi; n++) j->image(j, n, col);
+}
+
+/* Every image through j->image: on the pool in `parts` runs, or in order. */
+static void run_images(conv_job *j, int parts)
+{
+    if (parts > 1)
+        tg__pool_run(image_part, j, parts);
+    else
+        for (int64_t n = 0; n < j->N; n++) j->image(j, n, j->cp);
 }
 
 /* out = P_0 + P_1 + ... + P_{N-1}, left to right (P: N rows of m). */
@@ -322,11 +320,9 @@ static tg_tensor *conv_forward(tg_op_ctx *ctx, tg_tensor *const *in, bool relu)
             .HW = HW, .es = es, .relu = relu, .im2col = im2col,
             .fwd = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, x),
             .xp = xp, .wp = wp, .bp = tg__tensor_ptr(b), .yp = yp, .cp = cp,
+            .image = fwd_image,
         };
-        if (parts > 1)
-            tg__pool_run(fwd_part, &j, parts);
-        else
-            for (int64_t n = 0; n < N; n++) fwd_image(&j, n, cp);
+        run_images(&j, parts);
         tg_tensor_release(col);
         return y;
     }
@@ -423,12 +419,9 @@ static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
             .geo = g, .N = N, .C = C, .O = O, .G = p.G, .Cg = Cg, .Og = Og, .K = K, .L = L,
             .HW = HW, .es = es, .col2im = col2im,
             .fwd = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, w),
-            .xp = gp, .wp = tp, .yp = xp, .cp = cp,
+            .xp = gp, .wp = tp, .yp = xp, .cp = cp, .image = dx_image,
         };
-        if (parts > 1)
-            tg__pool_run(dx_part, &j, parts);
-        else
-            for (int64_t n = 0; n < N; n++) dx_image(&j, n, cp);
+        run_images(&j, parts);
         tg_tensor_release(wt);
         tg_tensor_release(dcol);
         return gx;
@@ -514,7 +507,8 @@ static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t
                 return false;
             }
             j.pp = tg__tensor_ptr(part);
-            tg__pool_run(wgrad_part, &j, parts);
+            j.image = wgrad_image_apart;
+            run_images(&j, parts);
             sum_images(es, N, gw->numel, j.pp, wp);
         } else {
             for (int64_t n = 0; n < N; n++) wgrad_image(&j, n, cp, wp, n != 0);
