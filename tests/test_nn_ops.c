@@ -8,8 +8,6 @@
 
 #include "test_util.h"
 
-#include "core/pool.h" /* tg__pool_jobs: that conv2d split */
-
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -332,69 +330,6 @@ Test(nn_ops, conv2d_relu_is_relu_of_conv2d_bit_for_bit_to_second_order)
                           tg_backend_name(be), tg_dtype_name(dt), i);
         }
     }
-}
-
-/* A reduction of K <= 32 runs on the conv_short kernels, and with two
- * threads and enough work (1M multiply-adds) conv2d cuts its images across
- * the pool: the forward, and the weight gradient, whose images' products
- * are made apart and added in image order. Outputs and first-order
- * gradients, conv2d's and conv2d_relu's, are the bits of one thread; the
- * pool is seen to split. The cases: the workload's 1->16 3x3 on 28x28,
- * groups with padding, the direct 1x1 path. */
-Test(nn_ops, conv2d_gives_one_threads_bits_on_two)
-{
-    static const conv_case cases[] = {
-        {16, 1, 28, 28, 16, 3, 3, 1, 1, 0, 0, 1, 1, 1},
-        {32, 4, 24, 24, 8, 3, 3, 1, 1, 1, 1, 1, 1, 2},
-        {16, 4, 32, 32, 20, 1, 1, 1, 1, 0, 0, 1, 1, 1},
-    };
-    enum { CAP = 1 << 19 };
-    double *x = malloc(CAP * sizeof *x), *gy = malloc(CAP * sizeof *gy), w[512], b[32];
-    cr_assert(x && gy);
-    int prev = tg_num_threads();
-    tg_rng rng;
-    tg_rng_seed(&rng, 41);
-    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        const conv_case *c = &cases[k];
-        conv_dims d = conv_draw(c, &rng, 0.2, CAP, x, w, b, gy);
-        tg_conv2d_opts o = conv_opts(c);
-        FOR_EACH_BACKEND_DTYPE(be, dt) {
-            for (int fused = 0; fused < 2; fused++) {
-                tg_tensor *y[2], *g[2][3];
-                uint64_t split = 0;
-                for (int t = 0; t < 2; t++) {
-                    cr_assert_eq(tg_set_num_threads(t + 1), TG_OK);
-                    uint64_t jobs = tg__pool_jobs();
-                    tg_tape *tape = tg_tape_new(NULL);
-                    tg_tensor *tx = tu_tensor(dt, 4, SHAPE(c->N, c->C, c->H, c->W), x);
-                    tg_tensor *tw = tu_tensor(dt, 4, SHAPE(c->O, c->C / c->G, c->KH, c->KW), w);
-                    tg_tensor *tb = tu_tensor(dt, 1, SHAPE(c->O), b);
-                    tg_tensor *seed = tu_tensor(dt, 4, SHAPE(c->N, c->O, d.OH, d.OW), gy);
-                    tg_tensor *in[3] = {tx, tw, tb};
-                    for (int i = 0; i < 3; i++) cr_assert_eq(tg_requires_grad(tape, in[i]), TG_OK);
-                    tg_tensor *ty = fused ? tg_conv2d_relu(tx, tw, tb, &o) : tg_conv2d(tx, tw, tb, &o);
-                    cr_assert_not_null(ty, "%s", tg_last_error_message());
-                    cr_assert_eq(tg_backward_ex(ty, seed, NULL), TG_OK, "%s",
-                                 tg_last_error_message());
-                    y[t] = tg_detach(ty);
-                    for (int i = 0; i < 3; i++) g[t][i] = tg_detach(tg_grad(in[i]));
-                    split = tg__pool_jobs() - jobs;
-                    tg_tape_free(tape);
-                }
-                const char *what = fused ? "conv2d_relu" : "conv2d";
-                cr_expect_gt(split, 0, "case %zu, %s, %s, %s: nothing split on two threads", k,
-                             tg_backend_name(be), tg_dtype_name(dt), what);
-                cr_expect(same_bits(y[0], y[1]), "case %zu, %s, %s, %s: outputs", k,
-                          tg_backend_name(be), tg_dtype_name(dt), what);
-                for (int i = 0; i < 3; i++)
-                    cr_expect(same_bits(g[0][i], g[1][i]), "case %zu, %s, %s, %s: gradient %d", k,
-                              tg_backend_name(be), tg_dtype_name(dt), what, i);
-            }
-        }
-    }
-    cr_assert_eq(tg_set_num_threads(prev), TG_OK);
-    free(x);
-    free(gy);
 }
 
 Test(nn_ops, conv2d_relu_checks_its_arguments_as_conv2d_does)

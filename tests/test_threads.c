@@ -286,62 +286,6 @@ static void *fused_alone(void *arg)
     return NULL;
 }
 
-/* conv2d_relu with few input channels (its own kernels) cuts its images
- * across the pool: the forward, the input gradient, and the weight
- * gradient, whose images' products are added in image order. On 2 threads
- * the output and the gradients are bitwise those of 1 (and, under
- * ThreadSanitizer, race-free). */
-static float *conv_run(int threads, tg_tensor *x, tg_tensor *w, tg_tensor *b, size_t *n)
-{
-    cr_assert_eq(tg_set_num_threads(threads), TG_OK);
-    tg_tape *tape = tg_tape_new(NULL);
-    tg_tensor *in[3] = {x, w, b};
-    for (int i = 0; i < 3; i++) cr_assert_eq(tg_requires_grad(tape, in[i]), TG_OK);
-    tg_scope_begin();
-    tg_conv2d_opts o = {.padding = {1, 1}};
-    tg_tensor *y = tg_conv2d_relu(x, w, b, &o);
-    cr_assert_not_null(y, "%s", tg_last_error_message());
-    cr_assert_eq(tg_backward(tg_sum(tg_mul(y, y))), TG_OK, "%s", tg_last_error_message());
-    size_t ny = (size_t)tg_tensor_numel(y), off = ny;
-    *n = ny;
-    for (int i = 0; i < 3; i++) *n += (size_t)tg_tensor_numel(in[i]);
-    float *out = malloc(*n * sizeof *out);
-    cr_assert_eq(tg_tensor_copy_out(y, out, ny * sizeof *out), TG_OK);
-    for (int i = 0; i < 3; i++) {
-        size_t k = (size_t)tg_tensor_numel(in[i]);
-        cr_assert_eq(tg_tensor_copy_out(tg_grad(in[i]), out + off, k * sizeof *out), TG_OK);
-        off += k;
-        tg_grad_zero(in[i]);
-    }
-    tg_scope_end();
-    tg_tape_free(tape);
-    return out;
-}
-
-Test(threads, conv2d_splits_its_images_with_one_threads_bits)
-{
-    int before = tg_num_threads();
-    tg_rng rng;
-    tg_rng_seed(&rng, 12);
-    /* 16 x 16 x 18 x 784 = 3.6M multiply-adds: split (from 1M). */
-    tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 4, SHAPE(16, 2, 28, 28), -1, 1);
-    tg_tensor *w = tg_rand_uniform(&rng, TG_F32, 4, SHAPE(16, 2, 3, 3), -0.5, 0.5);
-    tg_tensor *b = tg_rand_uniform(&rng, TG_F32, 1, SHAPE(16), -0.2, 0.2);
-    size_t n1, n2;
-    float *one = conv_run(1, x, w, b, &n1);
-    uint64_t jobs = tg__pool_jobs();
-    float *two = conv_run(2, x, w, b, &n2);
-    cr_assert_gt(tg__pool_jobs(), jobs, "nothing was split on 2 threads");
-    cr_assert_eq(n1, n2);
-    cr_assert_eq(memcmp(one, two, n1 * sizeof(float)), 0, "2 threads differ from 1");
-    free(one);
-    free(two);
-    cr_assert_eq(tg_set_num_threads(before), TG_OK);
-    tg_tensor_release(x);
-    tg_tensor_release(w);
-    tg_tensor_release(b);
-}
-
 Test(threads, threads_share_one_fused_function)
 {
     tg_fused *f = tg_fused_new(fused_chain, NULL, 1);

@@ -277,9 +277,8 @@ typedef void (*tg_channel_sum_fn)(int64_t N, int64_t C, int64_t S, const void *x
  * nothing added (the input gradient's product, W^T gy). */
 typedef void (*tg_conv_short_fwd_fn)(int64_t m, int64_t k, int64_t l, const void *w,
                                      const void *x, const void *bias, bool relu, void *y);
-/* The weight gradient's product for one image: c (m, n) = t, or c + t where
- * accumulate, t = a (m, l) b (n, l)^T rounded to c's type before the add
- * (so that products made apart and added later give the same bits). */
+/* The weight gradient's product for one image: c (m, n) = a (m, l) b (n, l)^T,
+ * plus c where accumulate. */
 typedef void (*tg_conv_short_wgrad_fn)(int64_t m, int64_t n, int64_t l, const void *a,
                                        const void *b, bool accumulate, void *c);
 #define TG_CONV_SHORT_K 32

@@ -24,7 +24,6 @@
  * expand. */
 #include <string.h>
 
-#include "core/pool.h"
 #include "ops/helpers.h"
 
 /* Each op's backward calls the others. */
@@ -94,151 +93,15 @@ static tg_status need_dtype_of(const tg_op *op, int argi, const tg_tensor *t, co
                    tg_dtype_name(x->dtype));
 }
 
-/* Column scratch (K, L) in x's dtype, `parts` of them one after another,
- * or NULL for a direct conv. */
-static tg_tensor *col_scratch(const tg_conv2d_geom *g, const tg_tensor *like, int parts,
-                              bool *failed)
+/* Column scratch (K, L) in x's dtype, or NULL for a direct conv. */
+static tg_tensor *col_scratch(const tg_conv2d_geom *g, const tg_tensor *like, bool *failed)
 {
     *failed = false;
     if (is_direct(g)) return NULL;
-    int64_t s[2] = {parts * g->C * g->KH * g->KW, g->OH * g->OW};
+    int64_t s[2] = {g->C * g->KH * g->KW, g->OH * g->OW};
     tg_tensor *c = tg__tensor_empty(like->dtype, 2, s, like->backend);
     *failed = c == NULL;
     return c;
-}
-
-/* ---- The short path's image loops (K <= TG_CONV_SHORT_K, or for the input
- * gradient Og <= TG_CONV_SHORT_K: the conv_short kernels, which are ours, so
- * that they may run on several threads at once, unlike a BLAS GEMM). Each
- * image is one step; with the pool's threads and
- * enough work the images are cut into contiguous runs, one per thread,
- * each with a column scratch of its own. The weight gradient's threads
- * write each image's product apart, and the caller adds them in image
- * order: the values one thread makes, image after image. From
- * CONV_SPLIT_MACS multiply-adds (N O K L) on: 64 images of the 1->16 3x3
- * conv on 28x28 are 6.2M, 0.3-0.6 ms of the forward's kernel on this
- * machine; 1M is 50-100 us, what waking a sleeping worker may cost.
- * conv2d_relu's forward and backward on that conv, two threads against
- * one (medians of 15 rounds): 0.89 at 12 images (1.2M), 0.82 at 16, 0.89
- * at 32 and 64; with the bound at 128K, 2 to 8 images gave 0.85-1.29. */
-#define CONV_SPLIT_MACS ((double)(1 << 20))
-
-typedef struct conv_job {
-    tg_conv2d_geom geo;
-    int64_t N, C, O, G, Cg, Og, K, L, HW, wnumel;
-    size_t es;
-    bool relu;
-    tg_im2col_fn im2col;
-    tg_conv_short_fwd_fn fwd;
-    tg_conv_short_wgrad_fn wgrad;
-    tg_grad_fn mask;        /* conv2d_relu's: gy_n = g_n where relu_y_n > 0 */
-    tg_col2im_fn col2im;    /* the input gradient's */
-    const char *xp, *wp, *bp; /* forward: x, w, b; input gradient: gy, W_g^T a group */
-    const char *ryp, *gp;   /* the mask's relu_y and g */
-    char *yp;               /* forward: y; weight gradient: gy (made by the mask); input
-                             * gradient: gx (zeros) */
-    char *cp;               /* column scratch, (K, L) a part; NULL: direct */
-    char *pp;               /* weight gradient: one product an image, (N, wnumel) */
-    void (*image)(const struct conv_job *j, int64_t n, char *col); /* one image's step */
-} conv_job;
-
-static int conv_parts(int64_t N, double macs)
-{
-    int parts = tg__pool_size();
-    if (parts > N) parts = (int)N;
-    return parts < 2 || macs < CONV_SPLIT_MACS ? 1 : parts;
-}
-
-static void job_range(const conv_job *j, int part, int nparts, int64_t *lo, int64_t *hi)
-{
-    *lo = j->N * part / nparts;
-    *hi = j->N * (part + 1) / nparts;
-}
-
-/* Image n of the forward: y_n = b + W col(x_n), rectified where relu. */
-static void fwd_image(const conv_job *j, int64_t n, char *col)
-{
-    size_t es = j->es;
-    for (int64_t gi = 0; gi < j->G; gi++) {
-        const char *src = j->xp + (size_t)((n * j->C + gi * j->Cg) * j->HW) * es;
-        if (col) j->im2col(&j->geo, src, col);
-        j->fwd(j->Og, j->K, j->L, j->wp + (size_t)(gi * j->Og * j->K) * es, col ? col : src,
-               j->bp + (size_t)(gi * j->Og) * es, j->relu,
-               j->yp + (size_t)((n * j->O + gi * j->Og) * j->L) * es);
-    }
-}
-
-/* Image n of the input gradient: dcol = W_g^T gy_ng, scattered into gx_n
- * (written directly for a direct conv). */
-static void dx_image(const conv_job *j, int64_t n, char *col)
-{
-    size_t es = j->es;
-    for (int64_t gi = 0; gi < j->G; gi++) {
-        char *dst = j->yp + (size_t)((n * j->C + gi * j->Cg) * j->HW) * es;
-        j->fwd(j->K, j->Og, j->L, j->wp + (size_t)(gi * j->K * j->Og) * es,
-               j->xp + (size_t)((n * j->O + gi * j->Og) * j->L) * es, NULL, false,
-               col ? col : dst);
-        if (col) j->col2im(&j->geo, col, dst);
-    }
-}
-
-/* Image n of the weight gradient into out (wnumel), added to it where
- * accumulate: the mask first (conv2d_relu), then each group's product. */
-static void wgrad_image(const conv_job *j, int64_t n, char *col, char *out, bool accumulate)
-{
-    size_t es = j->es;
-    if (j->mask) {
-        size_t at = (size_t)(n * j->O * j->L) * es;
-        j->mask(j->O * j->L, j->ryp + at, j->gp + at, j->yp + at, 0.0);
-    }
-    for (int64_t gi = 0; gi < j->G; gi++) {
-        const char *src = j->xp + (size_t)((n * j->C + gi * j->Cg) * j->HW) * es;
-        if (col) j->im2col(&j->geo, src, col);
-        j->wgrad(j->Og, j->K, j->L, j->yp + (size_t)((n * j->O + gi * j->Og) * j->L) * es,
-                 col ? col : src, accumulate, out + (size_t)(gi * j->Og * j->K) * es);
-    }
-}
-
-/* Image n's weight-gradient product on its own, into row n of pp. */
-static void wgrad_image_apart(const conv_job *j, int64_t n, char *col)
-{
-    wgrad_image(j, n, col, j->pp + (size_t)(n * j->wnumel) * j->es, false);
-}
-
-/* A pool part: its run of images, on its own column scratch. */
-static void image_part(void *ctx, int part, int nparts)
-{
-    const conv_job *j = ctx;
-    int64_t lo, hi;
-    job_range(j, part, nparts, &lo, &hi);
-    char *col = j->cp ? j->cp + (size_t)(part * j->K * j->L) * j->es : NULL;
-    for (int64_t n = lo; n < hi; n++) j->image(j, n, col);
-}
-
-/* Every image through j->image: on the pool in `parts` runs, or in order. */
-static void run_images(conv_job *j, int parts)
-{
-    if (parts > 1)
-        tg__pool_run(image_part, j, parts);
-    else
-        for (int64_t n = 0; n < j->N; n++) j->image(j, n, j->cp);
-}
-
-/* out = P_0 + P_1 + ... + P_{N-1}, left to right (P: N rows of m). */
-static void sum_images(size_t es, int64_t N, int64_t m, const char *P, char *out)
-{
-    memcpy(out, P, (size_t)m * es);
-    for (int64_t n = 1; n < N; n++) {
-        if (es == sizeof(float)) {
-            const float *p = (const float *)(const void *)P + n * m;
-            float *o = (float *)(void *)out;
-            for (int64_t i = 0; i < m; i++) o[i] = o[i] + p[i];
-        } else {
-            const double *p = (const double *)(const void *)P + n * m;
-            double *o = (double *)(void *)out;
-            for (int64_t i = 0; i < m; i++) o[i] = o[i] + p[i];
-        }
-    }
 }
 
 static double value_at(const tg_tensor *t, int64_t i)
@@ -292,9 +155,8 @@ static tg_status conv_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *co
 /* y = b + W * x; relu: then y = max(0, y), image by image while the
  * image's output is in cache (the relu kernel's values: the same bits as
  * a relu after the conv). A short reduction (K <= TG_CONV_SHORT_K) takes
- * the conv_short kernels, which add the bias and rectify in registers,
- * on the pool's threads when the work is large; a longer one a bias fill
- * and a GEMM. */
+ * the conv_short kernels, which add the bias and rectify in registers;
+ * a longer one a bias fill and a GEMM. */
 static tg_tensor *conv_forward(tg_op_ctx *ctx, tg_tensor *const *in, bool relu)
 {
     const tg_tensor *x = in[0], *w = in[1], *b = in[2];
@@ -304,39 +166,34 @@ static tg_tensor *conv_forward(tg_op_ctx *ctx, tg_tensor *const *in, bool relu)
     int64_t K = Cg * g.KH * g.KW, L = g.OH * g.OW, HW = g.H * g.W;
     size_t es = tg_dtype_size(x->dtype);
     bool failed, short_k = K > 0 && K <= TG_CONV_SHORT_K;
-    int parts = short_k ? conv_parts(N, (double)N * (double)O * (double)K * (double)L) : 1;
     tg_tensor *y = tg_op_ctx_new_output(ctx);
-    tg_tensor *col = y ? col_scratch(&g, x, parts, &failed) : NULL;
+    tg_tensor *col = y ? col_scratch(&g, x, &failed) : NULL;
     if (!y || failed) {
         tg_tensor_release(y);
         return NULL;
     }
     tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, x);
-    char *xp = tg__tensor_ptr(x), *wp = tg__tensor_ptr(w), *yp = tg__tensor_ptr(y);
-    char *cp = col ? tg__tensor_ptr(col) : NULL;
-    if (short_k) {
-        conv_job j = {
-            .geo = g, .N = N, .C = C, .O = O, .G = p.G, .Cg = Cg, .Og = Og, .K = K, .L = L,
-            .HW = HW, .es = es, .relu = relu, .im2col = im2col,
-            .fwd = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, x),
-            .xp = xp, .wp = wp, .bp = tg__tensor_ptr(b), .yp = yp, .cp = cp,
-            .image = fwd_image,
-        };
-        run_images(&j, parts);
-        tg_tensor_release(col);
-        return y;
-    }
-    tg_fill_fn fill = TG_KERNEL(tg_fill_fn, TG_K_FILL, y);
     tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t o = 0; o < O; o++) fill(L, yp + (size_t)((n * O + o) * L) * es, value_at(b, o));
-    tg_unary_fn rectify = relu ? TG_KERNEL(tg_unary_fn, TG_K_RELU, y) : NULL;
+    tg_conv_short_fwd_fn fwd_short = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, x);
+    char *xp = tg__tensor_ptr(x), *wp = tg__tensor_ptr(w), *yp = tg__tensor_ptr(y);
+    char *bp = tg__tensor_ptr(b), *cp = col ? tg__tensor_ptr(col) : NULL;
+    if (!short_k) {
+        tg_fill_fn fill = TG_KERNEL(tg_fill_fn, TG_K_FILL, y);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < O; o++)
+                fill(L, yp + (size_t)((n * O + o) * L) * es, value_at(b, o));
+    }
+    tg_unary_fn rectify = relu && !short_k ? TG_KERNEL(tg_unary_fn, TG_K_RELU, y) : NULL;
     for (int64_t n = 0; n < N; n++) {
         for (int64_t gi = 0; gi < p.G && K > 0; gi++) {
             char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
+            char *wg = wp + (size_t)(gi * Og * K) * es;
+            char *yg = yp + (size_t)((n * O + gi * Og) * L) * es;
             if (cp) im2col(&g, src, cp);
-            gemm(false, false, Og, L, K, wp + (size_t)(gi * Og * K) * es, K, cp ? cp : src, L, 1.0,
-                 yp + (size_t)((n * O + gi * Og) * L) * es, L);
+            if (short_k)
+                fwd_short(Og, K, L, wg, cp ? cp : src, bp + (size_t)(gi * Og) * es, relu, yg);
+            else
+                gemm(false, false, Og, L, K, wg, K, cp ? cp : src, L, 1.0, yg, L);
         }
         if (rectify) {
             char *yn = yp + (size_t)(n * O * L) * es;
@@ -378,8 +235,7 @@ static tg_status bwd_input_shape(const tg_op *op, const tg_op_attrs *a, tg_tenso
 
 /* gx = col2im(W^T gy), image by image. A short reduction over the output
  * channels (Og <= TG_CONV_SHORT_K) takes the conv_short forward kernel on
- * W_g^T (a transposed copy, K x Og a group), on the pool's threads when the
- * work is large (each image's gradient is its own); else a GEMM. */
+ * W_g^T (a transposed copy, K x Og a group, no bias); else a GEMM. */
 static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *w = in[0], *gy = in[1];
@@ -390,51 +246,40 @@ static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     int64_t K = Cg * g.KH * g.KW, L = g.OH * g.OW, HW = g.H * g.W;
     size_t es = tg_dtype_size(w->dtype);
     bool failed, short_o = Og > 0 && Og <= TG_CONV_SHORT_K && K > 0;
-    int parts = short_o ? conv_parts(N, (double)N * (double)O * (double)K * (double)L) : 1;
     tg_tensor *gx = tg_op_ctx_new_output(ctx);
-    tg_tensor *dcol = gx ? col_scratch(&g, w, parts, &failed) : NULL;
-    if (!gx || failed) {
+    tg_tensor *dcol = gx ? col_scratch(&g, w, &failed) : NULL;
+    int64_t ts[2] = {p.G * K, Og};
+    tg_tensor *wt = gx && !failed && short_o ? tg__tensor_empty(w->dtype, 2, ts, w->backend) : NULL;
+    if (!gx || failed || (short_o && !wt)) {
+        tg_tensor_release(dcol);
         tg_tensor_release(gx);
         return NULL;
     }
     TG_KERNEL(tg_fill_fn, TG_K_FILL, gx)(gx->numel, tg__tensor_ptr(gx), 0.0);
     tg_col2im_fn col2im = TG_KERNEL(tg_col2im_fn, TG_K_COL2IM, w);
-    char *wp = tg__tensor_ptr(w), *gp = tg__tensor_ptr(gy), *xp = tg__tensor_ptr(gx);
-    char *cp = dcol ? tg__tensor_ptr(dcol) : NULL;
-    if (short_o) {
-        int64_t ts[2] = {p.G * K, Og};
-        tg_tensor *wt = tg__tensor_empty(w->dtype, 2, ts, w->backend);
-        if (!wt) {
-            tg_tensor_release(dcol);
-            tg_tensor_release(gx);
-            return NULL;
-        }
-        char *tp = tg__tensor_ptr(wt);
-        for (int64_t gi = 0; gi < p.G; gi++) /* W_g (Og, K) -> W_g^T (K, Og) */
-            for (int64_t o = 0; o < Og; o++)
-                for (int64_t k = 0; k < K; k++)
-                    memcpy(tp + (size_t)((gi * K + k) * Og + o) * es,
-                           wp + (size_t)((gi * Og + o) * K + k) * es, es);
-        conv_job j = {
-            .geo = g, .N = N, .C = C, .O = O, .G = p.G, .Cg = Cg, .Og = Og, .K = K, .L = L,
-            .HW = HW, .es = es, .col2im = col2im,
-            .fwd = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, w),
-            .xp = gp, .wp = tp, .yp = xp, .cp = cp, .image = dx_image,
-        };
-        run_images(&j, parts);
-        tg_tensor_release(wt);
-        tg_tensor_release(dcol);
-        return gx;
-    }
     tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, w);
+    tg_conv_short_fwd_fn fwd_short = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, w);
+    char *wp = tg__tensor_ptr(w), *gp = tg__tensor_ptr(gy), *xp = tg__tensor_ptr(gx);
+    char *cp = dcol ? tg__tensor_ptr(dcol) : NULL, *tp = wt ? tg__tensor_ptr(wt) : NULL;
+    for (int64_t gi = 0; tp && gi < p.G; gi++) /* W_g (Og, K) -> W_g^T (K, Og) */
+        for (int64_t o = 0; o < Og; o++)
+            for (int64_t k = 0; k < K; k++)
+                memcpy(tp + (size_t)((gi * K + k) * Og + o) * es,
+                       wp + (size_t)((gi * Og + o) * K + k) * es, es);
     for (int64_t n = 0; n < N && Og > 0 && K > 0; n++)
         for (int64_t gi = 0; gi < p.G; gi++) {
             char *dst = xp + (size_t)((n * C + gi * Cg) * HW) * es;
+            char *gyg = gp + (size_t)((n * O + gi * Og) * L) * es;
             /* dcol (K, L) = W_g^T (K, Og) . dY_ng (Og, L) */
-            gemm(true, false, K, L, Og, wp + (size_t)(gi * Og * K) * es, K,
-                 gp + (size_t)((n * O + gi * Og) * L) * es, L, 0.0, cp ? cp : dst, L);
+            if (tp)
+                fwd_short(K, Og, L, tp + (size_t)(gi * K * Og) * es, gyg, NULL, false,
+                          cp ? cp : dst);
+            else
+                gemm(true, false, K, L, Og, wp + (size_t)(gi * Og * K) * es, K, gyg, L, 0.0,
+                     cp ? cp : dst, L);
             if (cp) col2im(&g, cp, dst);
         }
+    tg_tensor_release(wt);
     tg_tensor_release(dcol);
     return gx;
 }
@@ -465,14 +310,12 @@ static tg_status bwd_weight_shape(const tg_op *op, const tg_op_attrs *a, tg_tens
 
 /* dW (O, C/G, KH, KW) into gw from x and the output gradient gy, image by
  * image: dW_g += gy_ng col(x_ng)^T, beta 0 for the first image (zeros for
- * none); a short reduction (K <= TG_CONV_SHORT_K) by the conv_short
- * kernel, its images on the pool's threads when the work is large (each
- * image's product apart, then added in image order: the same bits), else
- * a GEMM. relu_y non-NULL (conv2d_relu's first order): image n's gy is
- * made just before its products, from the incoming gradient g as
- * relu_backward would, gy_n = g_n where relu_y_n > 0, else 0 (gy may be g
- * itself), so that they read it from cache. false (the error recorded)
- * when a scratch cannot be had. */
+ * none), by the conv_short kernel for a short reduction (K <=
+ * TG_CONV_SHORT_K), else a GEMM. relu_y non-NULL (conv2d_relu's first order): image n's gy is made
+ * just before its GEMMs, from the incoming gradient g as relu_backward
+ * would, gy_n = g_n where relu_y_n > 0, else 0 (gy may be g itself), so
+ * that the GEMMs read it from cache. false (the error recorded) when the
+ * column scratch cannot be had. */
 static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t KW, int64_t O,
                         const tg_tensor *relu_y, const tg_tensor *g, const tg_tensor *gy,
                         tg_tensor *gw)
@@ -481,43 +324,17 @@ static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t
     tg_conv2d_geom geo = geom_of(Cg, x->shape[2], x->shape[3], KH, KW, p);
     int64_t K = Cg * geo.KH * geo.KW, L = geo.OH * geo.OW, HW = geo.H * geo.W;
     size_t es = tg_dtype_size(x->dtype);
-    bool failed, short_k = K > 0 && K <= TG_CONV_SHORT_K && Og > 0;
-    int parts = short_k ? conv_parts(N, (double)N * (double)O * (double)K * (double)L) : 1;
-    tg_tensor *col = col_scratch(&geo, x, parts, &failed);
+    bool failed;
+    tg_tensor *col = col_scratch(&geo, x, &failed);
     if (failed) return false;
     if (N == 0) TG_KERNEL(tg_fill_fn, TG_K_FILL, gw)(gw->numel, tg__tensor_ptr(gw), 0.0);
     tg_grad_fn mask = relu_y ? TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, relu_y) : NULL;
     tg_im2col_fn im2col = TG_KERNEL(tg_im2col_fn, TG_K_IM2COL, x);
+    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
+    tg_conv_short_wgrad_fn wgrad_short =
+        K <= TG_CONV_SHORT_K ? TG_KERNEL(tg_conv_short_wgrad_fn, TG_K_CONV_SHORT_WGRAD, x) : NULL;
     char *xp = tg__tensor_ptr(x), *gp = tg__tensor_ptr(gy), *wp = tg__tensor_ptr(gw);
     char *cp = col ? tg__tensor_ptr(col) : NULL;
-    if (short_k) {
-        conv_job j = {
-            .geo = geo, .N = N, .C = C, .O = O, .G = p->G, .Cg = Cg, .Og = Og, .K = K, .L = L,
-            .HW = HW, .wnumel = gw->numel, .es = es, .im2col = im2col,
-            .wgrad = TG_KERNEL(tg_conv_short_wgrad_fn, TG_K_CONV_SHORT_WGRAD, x),
-            .mask = mask, .xp = xp, .yp = gp, .cp = cp,
-            .ryp = relu_y ? tg__tensor_ptr(relu_y) : NULL, .gp = g ? tg__tensor_ptr(g) : NULL,
-        };
-        tg_tensor *part = NULL;
-        if (parts > 1) {
-            int64_t s[2] = {N, gw->numel};
-            part = tg__tensor_empty(x->dtype, 2, s, x->backend);
-            if (!part) {
-                tg_tensor_release(col);
-                return false;
-            }
-            j.pp = tg__tensor_ptr(part);
-            j.image = wgrad_image_apart;
-            run_images(&j, parts);
-            sum_images(es, N, gw->numel, j.pp, wp);
-        } else {
-            for (int64_t n = 0; n < N; n++) wgrad_image(&j, n, cp, wp, n != 0);
-        }
-        tg_tensor_release(part);
-        tg_tensor_release(col);
-        return true;
-    }
-    tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
     for (int64_t n = 0; n < N; n++) {
         if (mask) {
             size_t at = (size_t)(n * O * L) * es;
@@ -528,8 +345,12 @@ static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t
             char *src = xp + (size_t)((n * C + gi * Cg) * HW) * es;
             if (cp) im2col(&geo, src, cp);
             /* dW_g (Og, K) += dY_ng (Og, L) . col^T (L, K) */
-            gemm(false, true, Og, K, L, gp + (size_t)((n * O + gi * Og) * L) * es, L,
-                 cp ? cp : src, L, n ? 1.0 : 0.0, wp + (size_t)(gi * Og * K) * es, K);
+            char *gyg = gp + (size_t)((n * O + gi * Og) * L) * es;
+            char *wg = wp + (size_t)(gi * Og * K) * es;
+            if (wgrad_short)
+                wgrad_short(Og, K, L, gyg, cp ? cp : src, n != 0, wg);
+            else
+                gemm(false, true, Og, K, L, gyg, L, cp ? cp : src, L, n ? 1.0 : 0.0, wg, K);
         }
     }
     tg_tensor_release(col);

@@ -66,11 +66,9 @@
         }                                                                          \
     }
 
-/* The short-reduction products in double sums. The forward adds the bias
- * last, as a bias fill and a GEMM with beta 1 do (the same values). The
- * weight gradient rounds each product to T before adding it to c, as the
- * kernels.h contract says, so that images' products made apart (conv2d on
- * several threads) and added in order give the same bits. */
+/* The short-reduction products, as the ref GEMM makes them (double sums,
+ * the bias or the accumulated value added last): the same values as a
+ * bias fill and a GEMM with beta 1, or beta 0 without a bias. */
 #define DEF_CONV_SHORT(SFX, T)                                                     \
     static void conv_short_fwd_##SFX(int64_t m, int64_t k, int64_t l, const void *wv, \
                                      const void *xv, const void *bv, bool relu, void *yv) \
@@ -94,8 +92,8 @@
             for (int64_t j = 0; j < n; j++) {                                      \
                 double acc = 0.0;                                                  \
                 for (int64_t p = 0; p < l; p++) acc += (double)a[i * l + p] * b[j * l + p]; \
-                T tot = (T)acc;                                                    \
-                c[i * n + j] = accumulate ? c[i * n + j] + tot : tot;              \
+                double prev = accumulate ? (double)c[i * n + j] : 0.0;             \
+                c[i * n + j] = (T)(acc + prev);                                    \
             }                                                                      \
     }
 
