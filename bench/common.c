@@ -172,19 +172,29 @@ void bench_env_get(bench_env *env)
     snprintf(env->cpu, sizeof env->cpu, "unknown");
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (f) {
-        char line[512];
-        while (fgets(line, sizeof line, f)) {
-            if (strncmp(line, "model name", 10) != 0) continue;
+        /* The first processor's model name, then its family and model
+         * numbers, which tell apart machines whose VM shows only "AMD EPYC"
+         * (a Zen 3 and a Zen 5 gave different figures). */
+        char line[512], name[128] = "", family[16] = "", model[16] = "";
+        while (fgets(line, sizeof line, f) && line[0] != '\n') {
             const char *v = strchr(line, ':');
             if (!v) continue;
             v++;
             while (*v == ' ' || *v == '\t')
                 v++;
-            snprintf(env->cpu, sizeof env->cpu, "%s", v);
-            env->cpu[strcspn(env->cpu, "\n")] = '\0';
-            break;
+            size_t n = strcspn(v, "\n");
+            if (strncmp(line, "model name", 10) == 0)
+                snprintf(name, sizeof name, "%.*s", (int)n, v);
+            else if (strncmp(line, "cpu family", 10) == 0)
+                snprintf(family, sizeof family, "%.*s", (int)n, v);
+            else if (strncmp(line, "model\t", 6) == 0)
+                snprintf(model, sizeof model, "%.*s", (int)n, v);
         }
         fclose(f);
+        if (name[0] && family[0] && model[0])
+            snprintf(env->cpu, sizeof env->cpu, "%s (family %s, model %s)", name, family, model);
+        else if (name[0])
+            snprintf(env->cpu, sizeof env->cpu, "%s", name);
     }
     env->ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
     env->load1 = -1;

@@ -290,18 +290,20 @@ typedef int64_t tg_i64v __attribute__((vector_size(32)));
         T *c = cv;                                                                 \
         for (int64_t i = 0; i < m;) {                                              \
             int R = i + 4 <= m ? 4 : 1;                                            \
+            const T *ai = a + i * l;                                               \
+            T *ci = c + i * n;                                                     \
             int64_t j = 0;                                                         \
             for (; j + 3 <= n; j += 3) {                                           \
                 if (R == 4)                                                        \
-                    wgrad_block_##SFX(4, 3, l, a + i * l, b + j * l, accumulate, c + i * n + j, n); \
+                    wgrad_block_##SFX(4, 3, l, ai, b + j * l, accumulate, ci + j, n); \
                 else                                                               \
-                    wgrad_block_##SFX(1, 3, l, a + i * l, b + j * l, accumulate, c + i * n + j, n); \
+                    wgrad_block_##SFX(1, 3, l, ai, b + j * l, accumulate, ci + j, n); \
             }                                                                      \
             for (; j < n; j++) {                                                   \
                 if (R == 4)                                                        \
-                    wgrad_block_##SFX(4, 1, l, a + i * l, b + j * l, accumulate, c + i * n + j, n); \
+                    wgrad_block_##SFX(4, 1, l, ai, b + j * l, accumulate, ci + j, n); \
                 else                                                               \
-                    wgrad_block_##SFX(1, 1, l, a + i * l, b + j * l, accumulate, c + i * n + j, n); \
+                    wgrad_block_##SFX(1, 1, l, ai, b + j * l, accumulate, ci + j, n); \
             }                                                                      \
             i += R;                                                                \
         }                                                                          \
