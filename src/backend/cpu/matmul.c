@@ -94,22 +94,59 @@ static void gemm_chosen(tg_gemm_fn f, bool ta, bool tb, int64_t m, int64_t n, in
     tg__gemm_threads_end(threads);
 }
 
-/* The kernel table's entries: a small GEMM straight to BLAS, the others
- * through the thread choice. */
-#define GEMM_ENTRY(name, raw)                                                                     \
+/* Thin products, where OpenBLAS spends its time packing a long operand
+ * for a handful of outputs, run on the conv_short kernels (cpu/conv.c),
+ * all operands dense:
+ * - C (m, n) = [C +] A (m, k) B (n, k)^T with n <= THIN_N and k >= THIN_LONG
+ *   (a classifier head's forward: 64 x 10 x 10816 took 0.65-0.68x of
+ *   OpenBLAS's time in a scratch program, 128 x 9 x 512 0.78x), as the
+ *   weight-gradient kernel's dot products;
+ * - C (m, n) = A (m, k) B (k, n) with k <= THIN_N and n >= THIN_LONG (its
+ *   input gradient: 64 x 10816 x 10 took 0.52-0.58x), as the forward
+ *   kernel's rows.
+ * At n = 12, k = 256 they were slower than OpenBLAS (1.2-1.35x), hence the
+ * bounds. Their bits are the kernels' (kernels.h), the same on every CPU;
+ * they run on the calling thread (such GEMMs do anyway: a side below 32). */
+#define THIN_N 10
+#define THIN_LONG 512
+
+static bool gemm_thin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,
+                      int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                      int64_t ldc, tg_dtype dt)
+{
+    if (ta || m < 1) return false;
+    if (tb && n <= THIN_N && k >= THIN_LONG && lda == k && ldb == k && ldc == n &&
+        (beta == 0.0 || beta == 1.0)) {
+        ((tg_conv_short_wgrad_fn)tg__kernel(TG_K_CONV_SHORT_WGRAD, TG_BACKEND_CPU, dt))(
+            m, n, k, a, b, beta == 1.0, c);
+        return true;
+    }
+    if (!tb && k >= 1 && k <= THIN_N && n >= THIN_LONG && lda == k && ldb == n && ldc == n &&
+        beta == 0.0) {
+        ((tg_conv_short_fwd_fn)tg__kernel(TG_K_CONV_SHORT_FWD, TG_BACKEND_CPU, dt))(
+            m, k, n, a, b, NULL, false, c);
+        return true;
+    }
+    return false;
+}
+
+/* The kernel table's entries: a small GEMM straight to BLAS, a thin one on
+ * tapegrad's kernels, the others through the thread choice. */
+#define GEMM_ENTRY(name, raw, dt)                                                                 \
     static void name(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *a,          \
                      int64_t lda, const void *b, int64_t ldb, double beta, void *c, int64_t ldc) \
     {                                                                                           \
         if (m == 0 || n == 0) return;                                                           \
         if (!gemm_small(m, n, k)) {                                                             \
+            if (gemm_thin(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc, dt)) return;           \
             gemm_chosen(raw, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);                    \
             return;                                                                             \
         }                                                                                       \
         raw(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);                                     \
     }
 
-GEMM_ENTRY(gemm_f32, sgemm)
-GEMM_ENTRY(gemm_f64, dgemm)
+GEMM_ENTRY(gemm_f32, sgemm, TG_F32)
+GEMM_ENTRY(gemm_f64, dgemm, TG_F64)
 
 int tg__blas_threads(void)
 {
