@@ -196,45 +196,42 @@ typedef int64_t tg_i64v __attribute__((vector_size(32)));
 #define TG_INLINE static inline __attribute__((always_inline))
 
 #define DEF_CPU_SHORT(SFX, T, VT, VU, MT)                                              \
-    /* R rows of y from R rows of w. */                                            \
+    /* R rows by Q vectors of y, from column l on: each output w0 x0 + w1 x1   \
+     * + ... in order of k, the bias, then relu. */                            \
+    TG_INLINE void fwd_block_##SFX(int R, int Q, int64_t K, int64_t L, const T *w, \
+                                   const T *x, const T *b, bool relu, T *y)        \
+    {                                                                              \
+        enum { V = 32 / sizeof(T) };                                               \
+        const VT zero = {0};                                                       \
+        VT a[4][3], v[3];                                                          \
+        for (int q = 0; q < Q; q++) v[q] = *(const VU *)(x + q * V);               \
+        for (int r = 0; r < R; r++)                                                \
+            for (int q = 0; q < Q; q++) a[r][q] = w[r * K] * v[q];                 \
+        for (int64_t k = 1; k < K; k++) {                                          \
+            for (int q = 0; q < Q; q++) v[q] = *(const VU *)(x + k * L + q * V);   \
+            for (int r = 0; r < R; r++) {                                          \
+                T c = w[r * K + k];                                                \
+                for (int q = 0; q < Q; q++) a[r][q] += c * v[q];                   \
+            }                                                                      \
+        }                                                                          \
+        for (int r = 0; r < R; r++)                                                \
+            for (int q = 0; q < Q; q++) {                                          \
+                VT t = b ? a[r][q] + b[r] : a[r][q];                               \
+                if (relu) t = (VT)((MT)t & ~(t <= zero));                          \
+                *(VU *)(y + r * L + q * V) = t;                                    \
+            }                                                                      \
+    }                                                                              \
+    /* R rows of y from R rows of w: blocks of 3 vectors of columns, then of    \
+     * one, then single columns. */                                            \
     TG_INLINE void fwd_rows_##SFX(int R, int64_t K, int64_t L, const T *w, const T *x, \
                                   const T *b, bool relu, T *y)                     \
     {                                                                              \
         enum { V = 32 / sizeof(T) };                                               \
-        const VT zero = {0};                                                       \
         int64_t l = 0;                                                             \
-        for (; l + 3 * V <= L; l += 3 * V) {                                       \
-            VT a[4][3], v[3];                                                      \
-            for (int q = 0; q < 3; q++) v[q] = *(const VU *)(x + l + q * V);       \
-            for (int r = 0; r < R; r++)                                            \
-                for (int q = 0; q < 3; q++) a[r][q] = w[r * K] * v[q];             \
-            for (int64_t k = 1; k < K; k++) {                                      \
-                for (int q = 0; q < 3; q++) v[q] = *(const VU *)(x + k * L + l + q * V); \
-                for (int r = 0; r < R; r++) {                                      \
-                    T c = w[r * K + k];                                            \
-                    for (int q = 0; q < 3; q++) a[r][q] += c * v[q];               \
-                }                                                                  \
-            }                                                                      \
-            for (int r = 0; r < R; r++)                                            \
-                for (int q = 0; q < 3; q++) {                                      \
-                    VT t = b ? a[r][q] + b[r] : a[r][q];                           \
-                    if (relu) t = (VT)((MT)t & ~(t <= zero));                      \
-                    *(VU *)(y + r * L + l + q * V) = t;                            \
-                }                                                                  \
-        }                                                                          \
-        for (; l + V <= L; l += V) { /* one vector of columns */                  \
-            VT a[4], v = *(const VU *)(x + l);                                     \
-            for (int r = 0; r < R; r++) a[r] = w[r * K] * v;                       \
-            for (int64_t k = 1; k < K; k++) {                                      \
-                v = *(const VU *)(x + k * L + l);                                  \
-                for (int r = 0; r < R; r++) a[r] += w[r * K + k] * v;              \
-            }                                                                      \
-            for (int r = 0; r < R; r++) {                                          \
-                VT t = b ? a[r] + b[r] : a[r];                                     \
-                if (relu) t = (VT)((MT)t & ~(t <= zero));                          \
-                *(VU *)(y + r * L + l) = t;                                        \
-            }                                                                      \
-        }                                                                          \
+        for (; l + 3 * V <= L; l += 3 * V)                                         \
+            fwd_block_##SFX(R, 3, K, L, w, x + l, b, relu, y + l);                 \
+        for (; l + V <= L; l += V)                                                 \
+            fwd_block_##SFX(R, 1, K, L, w, x + l, b, relu, y + l);                 \
         for (; l < L; l++)                                                         \
             for (int r = 0; r < R; r++) {                                          \
                 T t = w[r * K] * x[l];                                             \
