@@ -66,43 +66,35 @@
         }                                                                          \
     }
 
-/* The short-reduction products, as the ref GEMM makes them (double sums,
- * the bias or the accumulated value added last): the same values as a
- * bias fill and a GEMM with beta 1, or beta 0 without a bias. */
-#define DEF_CONV_SHORT(SFX, T)                                                     \
+/* The short-reduction products are, on ref, its own GEMM: the forward a
+ * bias fill, the GEMM with beta 1 (0 without a bias) and relu's kernel; the
+ * weight gradient the GEMM with beta 1 where it accumulates. */
+#define DEF_CONV_SHORT(SFX, T, DT)                                                 \
     static void conv_short_fwd_##SFX(int64_t m, int64_t k, int64_t l, const void *wv, \
                                      const void *xv, const void *bv, bool relu, void *yv) \
     {                                                                              \
-        const T *w = wv, *x = xv, *b = bv;                                         \
+        const T *b = bv;                                                           \
         T *y = yv;                                                                 \
-        for (int64_t i = 0; i < m; i++)                                            \
-            for (int64_t j = 0; j < l; j++) {                                      \
-                double acc = 0.0;                                                  \
-                for (int64_t p = 0; p < k; p++) acc += (double)w[i * k + p] * x[p * l + j]; \
-                T v = (T)(b ? acc + (double)b[i] : acc);                           \
-                y[i * l + j] = relu && v <= 0 ? (T)0 : v;                          \
-            }                                                                      \
+        for (int64_t i = 0; b && i < m; i++)                                       \
+            for (int64_t j = 0; j < l; j++) y[i * l + j] = b[i];                   \
+        ((tg_gemm_fn)tg__kernel(TG_K_GEMM, TG_BACKEND_REF, DT))(                   \
+            false, false, m, l, k, wv, k, xv, l, b ? 1.0 : 0.0, yv, l);            \
+        if (relu)                                                                  \
+            ((tg_unary_fn)tg__kernel(TG_K_RELU, TG_BACKEND_REF, DT))(m * l, yv, yv, 0.0); \
     }                                                                              \
     static void conv_short_wgrad_##SFX(int64_t m, int64_t n, int64_t l, const void *av, \
                                        const void *bv, bool accumulate, void *cv)  \
     {                                                                              \
-        const T *a = av, *b = bv;                                                  \
-        T *c = cv;                                                                 \
-        for (int64_t i = 0; i < m; i++)                                            \
-            for (int64_t j = 0; j < n; j++) {                                      \
-                double acc = 0.0;                                                  \
-                for (int64_t p = 0; p < l; p++) acc += (double)a[i * l + p] * b[j * l + p]; \
-                double prev = accumulate ? (double)c[i * n + j] : 0.0;             \
-                c[i * n + j] = (T)(acc + prev);                                    \
-            }                                                                      \
+        ((tg_gemm_fn)tg__kernel(TG_K_GEMM, TG_BACKEND_REF, DT))(                   \
+            false, true, m, n, l, av, l, bv, l, accumulate ? 1.0 : 0.0, cv, n);    \
     }
 
 DEF_IM2COL(f32, float)
 DEF_IM2COL(f64, double)
 DEF_CHANNEL_SUM(f32, float)
 DEF_CHANNEL_SUM(f64, double)
-DEF_CONV_SHORT(f32, float)
-DEF_CONV_SHORT(f64, double)
+DEF_CONV_SHORT(f32, float, TG_F32)
+DEF_CONV_SHORT(f64, double, TG_F64)
 
 void tg__ref_conv_register(void)
 {
