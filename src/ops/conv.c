@@ -261,11 +261,10 @@ static tg_tensor *bwd_input_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     tg_conv_short_fwd_fn fwd_short = TG_KERNEL(tg_conv_short_fwd_fn, TG_K_CONV_SHORT_FWD, w);
     char *wp = tg__tensor_ptr(w), *gp = tg__tensor_ptr(gy), *xp = tg__tensor_ptr(gx);
     char *cp = dcol ? tg__tensor_ptr(dcol) : NULL, *tp = wt ? tg__tensor_ptr(wt) : NULL;
-    for (int64_t gi = 0; tp && gi < p.G; gi++) /* W_g (Og, K) -> W_g^T (K, Og) */
-        for (int64_t o = 0; o < Og; o++)
-            for (int64_t k = 0; k < K; k++)
-                memcpy(tp + (size_t)((gi * K + k) * Og + o) * es,
-                       wp + (size_t)((gi * Og + o) * K + k) * es, es);
+    if (tp) { /* W (G, Og, K) -> W^T (G, K, Og), one group after another */
+        int64_t ts3[3] = {p.G, K, Og}, st3[3] = {Og * K, 1, K};
+        TG_KERNEL(tg_copy_strided_fn, TG_K_COPY_STRIDED, w)(3, ts3, st3, wp, tp, es);
+    }
     for (int64_t n = 0; n < N && Og > 0 && K > 0; n++)
         for (int64_t gi = 0; gi < p.G; gi++) {
             char *dst = xp + (size_t)((n * C + gi * Cg) * HW) * es;
@@ -311,11 +310,11 @@ static tg_status bwd_weight_shape(const tg_op *op, const tg_op_attrs *a, tg_tens
 /* dW (O, C/G, KH, KW) into gw from x and the output gradient gy, image by
  * image: dW_g += gy_ng col(x_ng)^T, beta 0 for the first image (zeros for
  * none), by the conv_short kernel for a short reduction (K <=
- * TG_CONV_SHORT_K), else a GEMM. relu_y non-NULL (conv2d_relu's first order): image n's gy is made
- * just before its GEMMs, from the incoming gradient g as relu_backward
- * would, gy_n = g_n where relu_y_n > 0, else 0 (gy may be g itself), so
- * that the GEMMs read it from cache. false (the error recorded) when the
- * column scratch cannot be had. */
+ * TG_CONV_SHORT_K), else a GEMM. relu_y non-NULL (conv2d_relu's first
+ * order): image n's gy is made just before its products, from the incoming
+ * gradient g as relu_backward would, gy_n = g_n where relu_y_n > 0, else 0
+ * (gy may be g itself), so that they read it from cache. false (the error
+ * recorded) when the column scratch cannot be had. */
 static bool weight_grad(const tg_tensor *x, const conv_p *p, int64_t KH, int64_t KW, int64_t O,
                         const tg_tensor *relu_y, const tg_tensor *g, const tg_tensor *gy,
                         tg_tensor *gw)
@@ -399,9 +398,9 @@ static tg_tensor *bias_grad_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 }
 
 /* conv2d's input gradients for the output gradient g (conv2d_relu's: the
- * gradient after the relu's mask), but the weight's where made has bit 1
- * (made by the caller). */
-static tg_status conv_grads(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin, unsigned made)
+ * gradient after the relu's mask), but the weight's where w_made (the
+ * caller made it). */
+static tg_status conv_grads(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin, bool w_made)
 {
     const tg_spec *xs = tg_op_ctx_input_spec(ctx, 0), *ws = tg_op_ctx_input_spec(ctx, 1);
     tg_op_attrs a = *ctx->attrs;
@@ -412,7 +411,7 @@ static tg_status conv_grads(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin, unsig
         gin[0] = tg__call2(&tg__op_conv2d_backward_input, tg_op_ctx_input(ctx, 1), g, &a);
         if (!gin[0]) return tg_last_error();
     }
-    if (!(made & 2u) && tg_op_ctx_needs_grad(ctx, 1)) {
+    if (!w_made && tg_op_ctx_needs_grad(ctx, 1)) {
         a.ints[6] = ws->shape[2];
         a.ints[7] = ws->shape[3];
         tg_tensor *in[2] = {tg_op_ctx_input(ctx, 0), g};
@@ -429,26 +428,25 @@ static tg_status conv_grads(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin, unsig
 
 static tg_status conv_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
-    return conv_grads(ctx, g, gin, 0);
+    return conv_grads(ctx, g, gin, false);
 }
 
 /* conv2d_relu's first order (nothing records), when the weight needs a
  * gradient: gm = relu_grad(y, g) and the weight's gradient image by image
  * (weight_grad), the same kernels and GEMM calls, in the same order, as
  * relu_backward then conv2d_backward_weight; gm, all of it, is left for
- * the input's and the bias's gradients. Returns the bits of the inputs
- * made (2), or -1 with the error recorded. */
-static int conv_relu_wgrad(tg_op_ctx *ctx, const tg_tensor *y, const tg_tensor *g, tg_tensor *gm,
-                           tg_tensor **gin)
+ * the input's and the bias's gradients. false with the error recorded. */
+static bool conv_relu_wgrad(tg_op_ctx *ctx, const tg_tensor *y, const tg_tensor *g,
+                            tg_tensor *gm, tg_tensor **gin)
 {
     const tg_tensor *w = tg_op_ctx_input(ctx, 1);
     conv_p p = params_of(ctx->attrs);
     tg_tensor *gw = tg_op_ctx_new_grad(ctx, 1);
     if (!gw || !weight_grad(tg_op_ctx_input(ctx, 0), &p, w->shape[2], w->shape[3], w->shape[0],
                             y, g, gm, gw))
-        return -1;
+        return false;
     gin[1] = gw;
-    return 2;
+    return true;
 }
 
 /* ---- conv2d_relu(x, w, bias) = relu(conv2d(x, w, bias)), one node. The
@@ -478,9 +476,8 @@ static tg_status conv_relu_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         if (!gm) return tg_last_error();
         gm = tg__scope_track(gm);
         if (tg_op_ctx_needs_grad(ctx, 1)) {
-            int made = conv_relu_wgrad(ctx, y, g, gm, gin);
-            if (made < 0) return tg_last_error();
-            return conv_grads(ctx, gm, gin, (unsigned)made);
+            if (!conv_relu_wgrad(ctx, y, g, gm, gin)) return tg_last_error();
+            return conv_grads(ctx, gm, gin, true);
         }
         tg__run_grad(TG_KERNEL(tg_grad_fn, TG_K_RELU_GRAD, y), y->numel, tg__tensor_ptr(y),
                      tg__tensor_ptr(g), tg__tensor_ptr(gm), 0.0, tg__esize(y->dtype));
