@@ -777,3 +777,140 @@ Test(nn_ops, cross_entropy_saves_no_log_probabilities_and_its_gradient_is_softma
     }
     tg_tape_free(tape); /* x and t belong to the suite's scope (setup) */
 }
+
+/* lstm_gates against the thirteen ops it replaces: values and the
+ * gradients of z and c under a weighted loss, on both backends and both
+ * float dtypes (f64 to rounding, f32 to its precision: the order of the
+ * arithmetic differs from the composed ops, so the bits may). */
+static void gates_composed(tg_tensor *z, tg_tensor *c, int64_t H, tg_tensor **h2, tg_tensor **c2)
+{
+    tg_tensor *i = tg_sigmoid(tg_narrow(z, -1, 0, H)), *f = tg_sigmoid(tg_narrow(z, -1, H, H));
+    tg_tensor *g = tg_tanh(tg_narrow(z, -1, 2 * H, H));
+    tg_tensor *o = tg_sigmoid(tg_narrow(z, -1, 3 * H, H));
+    *c2 = tg_add(tg_mul(f, c), tg_mul(i, g));
+    *h2 = tg_mul(o, tg_tanh(*c2));
+}
+
+Test(nn_ops, lstm_gates_equals_the_composed_ops_in_values_and_gradients)
+{
+    const int64_t B = 5, H = 7;
+    for (int bi = 0; bi < 2; bi++)
+        for (int di = 0; di < 2; di++) {
+            tg_set_default_backend(backends[bi]);
+            tg_dtype dt = dtypes[di];
+            double tol = dt == TG_F32 ? 2e-6 : 1e-13;
+            tg_rng rng;
+            tg_rng_seed(&rng, 11);
+            tg_tensor *z = tg_rand_uniform(&rng, dt, 2, SHAPE(B, 4 * H), -3, 3);
+            tg_tensor *c = tg_rand_uniform(&rng, dt, 2, SHAPE(B, H), -2, 2);
+            tg_tensor *wh = tg_rand_uniform(&rng, dt, 2, SHAPE(B, H), -1, 1);
+            tg_tensor *wc = tg_rand_uniform(&rng, dt, 2, SHAPE(B, H), -1, 1);
+            tg_tensor *got[4], *want[4];
+            for (int pass = 0; pass < 2; pass++) {
+                tg_tape *tape = tg_tape_new(NULL);
+                cr_assert_eq(tg_requires_grad(tape, z), TG_OK);
+                cr_assert_eq(tg_requires_grad(tape, c), TG_OK);
+                tg_tensor *h2, *c2;
+                if (pass == 0) {
+                    tg_tensor *y = tg_lstm_gates(z, c);
+                    cr_assert_not_null(y, "%s", tg_last_error_message());
+                    tu_expect_shape(y, 3, SHAPE(2, B, H));
+                    h2 = tg_reshape(tg_narrow(y, 0, 0, 1), 2, SHAPE(B, H));
+                    c2 = tg_reshape(tg_narrow(y, 0, 1, 1), 2, SHAPE(B, H));
+                } else {
+                    gates_composed(z, c, H, &h2, &c2);
+                }
+                tg_tensor *loss = tg_add(tg_sum(tg_mul(h2, wh)), tg_sum(tg_mul(c2, wc)));
+                cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+                tg_tensor **dst = pass == 0 ? got : want;
+                dst[0] = tg_tensor_retain(tg_contiguous(h2));
+                dst[1] = tg_tensor_retain(tg_contiguous(c2));
+                dst[2] = tg_tensor_retain(tg_grad(z));
+                dst[3] = tg_tensor_retain(tg_grad(c));
+                tg_grad_zero(z);
+                tg_grad_zero(c);
+                tg_tape_free(tape);
+            }
+            static const char *const what[4] = {"h'", "c'", "dz", "dc"};
+            for (int k = 0; k < 4; k++) {
+                cr_assert_eq(tg_tensor_backend(got[k]), backends[bi]);
+                double *a = tu_values(got[k]), *b = tu_values(want[k]);
+                for (int64_t e = 0; e < tg_tensor_numel(want[k]); e++)
+                    cr_expect(fabs(a[e] - b[e]) <= tol * fmax(1.0, fabs(b[e])),
+                              "%s %s on %s [%lld]: %.17g, composed %.17g", what[k],
+                              tg_dtype_name(dt), tg_backend_name(backends[bi]), (long long)e,
+                              a[e], b[e]);
+                free(a);
+                free(b);
+                tg_tensor_release(got[k]);
+                tg_tensor_release(want[k]);
+            }
+        }
+}
+
+Test(nn_ops, lstm_gates_rejects_bad_shapes_dtypes_and_nulls)
+{
+    tg_tensor *z = tg_zeros(TG_F64, 2, SHAPE(3, 8)), *c = tg_zeros(TG_F64, 2, SHAPE(3, 2));
+    cr_assert_null(tg_lstm_gates(tg_zeros(TG_F64, 2, SHAPE(3, 7)), c));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    cr_assert(strstr(tg_last_error_message(), "'lstm_gates'") &&
+                  strstr(tg_last_error_message(), "[3,7]"),
+              "%s", tg_last_error_message());
+    tg_error_clear();
+    cr_assert_null(tg_lstm_gates(tg_zeros(TG_F64, 2, SHAPE(4, 8)), c));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    cr_assert_null(tg_lstm_gates(tg_zeros(TG_F64, 1, SHAPE(8)), c));
+    cr_assert_eq(tg_last_error(), TG_ERR_SHAPE);
+    tg_error_clear();
+    cr_assert_null(tg_lstm_gates(z, tg_zeros(TG_F32, 2, SHAPE(3, 2))));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear();
+    cr_assert_null(
+        tg_lstm_gates(tg_zeros(TG_I64, 2, SHAPE(3, 8)), tg_zeros(TG_I64, 2, SHAPE(3, 2))));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    tg_error_clear();
+    cr_assert_null(tg_lstm_gates(NULL, c));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    tg_error_clear();
+    cr_assert_null(tg_lstm_gates(z, NULL));
+    cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    cr_assert(strstr(tg_last_error_message(), "#2"), "%s", tg_last_error_message());
+    tg_error_clear();
+    /* The inputs stay usable. */
+    tg_tensor *y = tg_lstm_gates(z, c);
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    double *v = tu_values(y);
+    /* z = 0, c = 0: c' = 0.5 * 0 + 0.5 * tanh(0) = 0, h' = 0.5 tanh(0) = 0. */
+    for (int e = 0; e < 12; e++) cr_expect_eq(v[e], 0.0);
+    free(v);
+}
+
+Test(nn_ops, lstm_cell_takes_an_unbatched_state)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 3);
+    tg_params *ps = tg_params_new();
+    tg_lstm_cell *cell = tg_lstm_cell_new(ps, "cell", 3, 4, TG_F64, &rng);
+    cr_assert_not_null(cell);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(3), -1, 1);
+    tg_tensor *h = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(4), -1, 1);
+    tg_tensor *c = tg_rand_uniform(&rng, TG_F64, 1, SHAPE(4), -1, 1);
+    tg_tensor *h2, *c2, *hb, *cb;
+    cr_assert_eq(tg_lstm_cell_forward(cell, x, h, c, &h2, &c2), TG_OK, "%s",
+                 tg_last_error_message());
+    tu_expect_shape(h2, 1, SHAPE(4));
+    tu_expect_shape(c2, 1, SHAPE(4));
+    cr_assert_eq(tg_lstm_cell_forward(cell, tg_reshape(x, 2, SHAPE(1, 3)),
+                                      tg_reshape(h, 2, SHAPE(1, 4)),
+                                      tg_reshape(c, 2, SHAPE(1, 4)), &hb, &cb),
+                 TG_OK);
+    double *a = tu_values(h2), *b = tu_values(hb), *p = tu_values(c2), *q = tu_values(cb);
+    for (int e = 0; e < 4; e++) {
+        cr_expect_eq(a[e], b[e], "h'[%d]: %.17g unbatched, %.17g batched", e, a[e], b[e]);
+        cr_expect_eq(p[e], q[e], "c'[%d]: %.17g unbatched, %.17g batched", e, p[e], q[e]);
+    }
+    free(a), free(b), free(p), free(q);
+    tg_lstm_cell_free(cell);
+    tg_params_free(ps);
+}

@@ -1,5 +1,5 @@
 /* tapegrad/nn.h - neural-network ops: convolution, pooling,
- * normalisation. Included by <tapegrad.h>; do not include directly.
+ * normalisation, the LSTM step's gates. Included by <tapegrad.h>; do not include directly.
  * Conventions as in ops.h (new references, sticky NULLs, recording).
  * Images are NCHW: x (N, C, H, W), floating, contiguous or not. Optional
  * tensors (bias, norm weights) may be NULL; a NULL there means "absent",
@@ -52,6 +52,16 @@ tg_tensor *tg_max_pool2d(tg_tensor *x, const tg_pool2d_opts *opts);
 /* y[n,c,oh,ow] = mean of x over the window (padding is 0; divisor as in
  * opts->exclude_pad). Shapes as for max_pool2d. */
 tg_tensor *tg_avg_pool2d(tg_tensor *x, const tg_pool2d_opts *opts);
+
+/* The LSTM cell's pointwise half as one op (lstm_gates): z (B, 4H) holds
+ * the gates' pre-activations i, f, g, o in that order along dim 1, c (B, H)
+ * the cell state, both of one floating dtype. Returns y (2, B, H) with
+ * y[1] = c' = sigmoid(f) c + sigmoid(i) tanh(g) and
+ * y[0] = h' = sigmoid(o) tanh(c'); tg_narrow along dim 0 (and a reshape)
+ * takes them apart as views. One node and one pass where the composed ops
+ * make thirteen; the node keeps z, c and y. Differentiable to any order.
+ * tg_lstm_cell_forward (layers.h) uses it. */
+tg_tensor *tg_lstm_gates(tg_tensor *z, tg_tensor *c);
 
 /* y = (x - mean) / sqrt(var + eps) * weight + bias, mean and biased var
  * over the last ndims dims of x (1 <= ndims <= ndim). weight and bias have

@@ -387,16 +387,12 @@ tg_status tg_lstm_cell_forward(const tg_lstm_cell *cell, tg_tensor *x, tg_tensor
         return tg_error_set(TG_ERR_NULL, "bad argument to 'lstm_cell_forward' (NULL output)");
     *h_out = *c_out = NULL;
     if (!cell) return tg_error_set(TG_ERR_NULL, "bad argument #1 to 'lstm_cell_forward' (NULL cell)");
-    int64_t H = cell->p.hidden;
     tg_scope_begin();
-    tg_tensor *z = cell_preact(&cell->p, x, h);
-    tg_tensor *i = tg_sigmoid(tg_narrow(z, -1, 0, H));
-    tg_tensor *f = tg_sigmoid(tg_narrow(z, -1, H, H));
-    tg_tensor *g = tg_tanh(tg_narrow(z, -1, 2 * H, H));
-    tg_tensor *o = tg_sigmoid(tg_narrow(z, -1, 3 * H, H));
-    tg_tensor *c2 = tg_add(tg_mul(f, c), tg_mul(i, g));
-    tg_tensor *h2 = tg_mul(o, tg_tanh(c2));
-    if (!h2) {
+    tg_tensor *y = tg_lstm_gates(cell_preact(&cell->p, x, h), c);
+    int nd = y ? tg_tensor_ndim(y) - 1 : 0;
+    tg_tensor *h2 = y ? tg_reshape(tg_narrow(y, 0, 0, 1), nd, tg_tensor_shape(y) + 1) : NULL;
+    tg_tensor *c2 = y ? tg_reshape(tg_narrow(y, 0, 1, 1), nd, tg_tensor_shape(y) + 1) : NULL;
+    if (!h2 || !c2) {
         tg_scope_end();
         return tg_last_error() ? tg_last_error() : TG_ERR_INTERNAL;
     }

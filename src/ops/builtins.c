@@ -39,6 +39,8 @@
     X(batch_norm) X(batch_norm_backward) X(batch_norm_backward_weight)              \
     /* random.c */                                                                  \
     X(dropout)                                                                      \
+    /* recurrent.c */                                                               \
+    X(lstm_gates)                                                                   \
     /* fused.c */                                                                   \
     X(fused_pointwise_1) X(fused_pointwise_2) X(fused_pointwise_3)               \
     X(fused_sum_1) X(fused_sum_2) X(fused_sum_3)
