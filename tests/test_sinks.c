@@ -715,3 +715,91 @@ Test(sinks, every_registered_op_gives_plain_leaves_bits_with_sinks)
                 ops, compared, skipped_random);
     cr_expect_eq(tg_mem_current_bytes(), mem0, "storage leaked");
 }
+
+/* A weight used at every step of a recurrence: each later affine's GEMM
+ * adds its gradient into the sum so far itself (tg__gemm_adds_exactly),
+ * in the flat buffer (a parameter) or in a sum only the sweep holds (a
+ * plain leaf). The result must have the bits of the sweep's own sum: the
+ * same steps with a fresh leaf each (one beta-0 GEMM each), added with
+ * tg_add in the sweep's order, the last step first. Both float dtypes,
+ * both backends, reductions of 1 to 128 rows (the bound of the GEMM's own
+ * sum), one past it, and 512, past OpenBLAS's own blocks (GEMM_Q), where
+ * a GEMM's sum would differ. */
+static void recurrent_weight_case(tg_dtype dt, int64_t rows)
+{
+    enum { T = 5, IN = 24, OUT = 40 };
+    tg_rng rng;
+    tg_rng_seed(&rng, (uint64_t)rows);
+    tg_tensor *x[T], *r[T];
+    for (int t = 0; t < T; t++) {
+        x[t] = tg_rand_uniform(&rng, dt, 2, SHAPE(rows, IN), -1, 1);
+        r[t] = tg_rand_uniform(&rng, dt, 2, SHAPE(rows, OUT), -1, 1);
+    }
+    tg_tensor *w0 = tg_rand_uniform(&rng, dt, 2, SHAPE(OUT, IN), -1, 1);
+    tg_tensor *b = tg_zeros(dt, 1, SHAPE(OUT));
+    size_t nbytes = (size_t)(OUT * IN) * (dt == TG_F32 ? 4 : 8);
+    /* The reference: one leaf per step. */
+    tg_tape *tape = tg_tape_new(NULL);
+    tg_tensor *wt[T], *loss = NULL;
+    for (int t = 0; t < T; t++) {
+        wt[t] = tg_tensor_retain(tg_contiguous(w0));
+        cr_assert_eq(tg_requires_grad(tape, wt[t]), TG_OK);
+        tg_tensor *s = tg_sum(tg_mul(tg_affine(x[t], wt[t], b), r[t]));
+        loss = loss ? tg_add(loss, s) : s;
+    }
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    tg_tensor *want = tg_grad(wt[T - 1]);
+    for (int t = T - 2; t >= 0; t--) want = tg_add(want, tg_grad(wt[t]));
+    cr_assert_not_null(want, "%s", tg_last_error_message());
+    char *wv = malloc(nbytes), *gv = malloc(nbytes);
+    cr_assert_eq(tg_tensor_copy_out(want, wv, nbytes), TG_OK);
+    tg_tape_free(tape);
+    for (int t = 0; t < T; t++) tg_tensor_release(wt[t]);
+    /* One weight, as a plain leaf and as a parameter. */
+    for (int as_param = 0; as_param < 2; as_param++) {
+        tape = tg_tape_new(NULL);
+        tg_params *ps = NULL;
+        tg_tensor *w;
+        if (as_param) {
+            ps = tg_params_new();
+            w = tg_params_add(ps, "w", dt, 2, SHAPE(OUT, IN));
+            cr_assert_not_null(w, "%s", tg_last_error_message());
+            cr_assert_eq(tg_tensor_copy_out(w0, tg_tensor_data(w), nbytes), TG_OK);
+            cr_assert_eq(tg_params_requires_grad(ps, tape), TG_OK);
+        } else {
+            w = tg_tensor_retain(tg_contiguous(w0));
+            cr_assert_eq(tg_requires_grad(tape, w), TG_OK);
+        }
+        loss = NULL;
+        for (int t = 0; t < T; t++) {
+            tg_tensor *s = tg_sum(tg_mul(tg_affine(x[t], w, b), r[t]));
+            loss = loss ? tg_add(loss, s) : s;
+        }
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        cr_assert_eq(tg_tensor_copy_out(tg_grad(w), gv, nbytes), TG_OK);
+        cr_expect(memcmp(gv, wv, nbytes) == 0,
+                  "%s %s, %lld rows, %s: the weight's gradient differs from the sum of the "
+                  "steps' gradients", tg_dtype_name(dt), tg_backend_name(tu_cur),
+                  (long long)rows, as_param ? "a parameter" : "a plain leaf");
+        tg_tape_free(tape);
+        if (as_param)
+            tg_params_free(ps);
+        else
+            tg_tensor_release(w);
+    }
+    free(wv);
+    free(gv);
+}
+
+static void recurrent_weight_sums(void)
+{
+    static const int64_t rows[] = {1, 3, 16, 128, 129, 512};
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof rows / sizeof *rows; i++)
+            recurrent_weight_case(d ? TG_F64 : TG_F32, rows[i]);
+}
+
+Test(sinks, a_weight_used_at_every_step_sums_its_gradient_with_the_sweeps_bits)
+{
+    tu_on_both_backends(recurrent_weight_sums);
+}

@@ -250,6 +250,13 @@ TG_INTERNAL void tg__blas_set_threads(int n);
  * to run it on one thread; after it, end puts that count back. */
 TG_INTERNAL int tg__gemm_threads_begin(int64_t m, int64_t n, int64_t k);
 TG_INTERNAL void tg__gemm_threads_end(int threads);
+/* Whether backend's TG_K_GEMM of dtype, called with beta 1 and alpha 1 for
+ * an m x n result over a reduction of k (tg_gemm_fn's m, n, k), writes
+ * c + (the product), rounded once, bit for bit what the add kernel makes
+ * of c and the same GEMM's beta-0 result (cpu/matmul.c): so a gradient
+ * summed by the GEMM itself has the bits of one summed by the sweep. */
+TG_INTERNAL bool tg__gemm_adds_exactly(tg_backend backend, tg_dtype dtype, int64_t m, int64_t n,
+                                       int64_t k);
 
 /* ---- conv (conv.c) ---------------------------------------------------------- */
 

@@ -43,6 +43,15 @@ struct tg_op_ctx {
      * (tg_op_ctx_new_grad, tg__op_ctx_take_sink). Taken at most once. NULL
      * when nothing is offered. */
     tg_tensor **sink;
+    /* Backward: where accum[i] is set, it holds the sum of input i's
+     * gradient so far, which the engine would add this call's gradient to
+     * in place: an op whose kernel adds into its output with the same bits
+     * as the add kernel (a GEMM with beta 1, tg__gemm_adds_exactly) may
+     * add the gradient there itself and hand that tensor back as gin[i]
+     * (tg__op_ctx_take_accum), saving a buffer and a pass. Taken at most
+     * once; accum_taken has bit i set once taken. NULL when none. */
+    tg_tensor **accum;
+    unsigned accum_taken;
 };
 
 /* The context of one call of op on nin inputs in (specs in_spec, output
@@ -61,7 +70,7 @@ static inline tg_op_ctx tg__op_ctx(const tg_op *op, const tg_op_attrs *attrs, in
         .op = op, .attrs = attrs, .nin = nin, .in = in, .in_spec = in_spec, .out = out,
         .out_spec = out_spec, .backend = backend, .needs = needs, .extra = extra,
         .nextra = nextra, .forward = forward, .reuse = NULL, .gout_scratch = false,
-        .sink = NULL,
+        .sink = NULL, .accum = NULL, .accum_taken = 0,
     };
 }
 
@@ -73,6 +82,19 @@ static inline tg_tensor *tg__op_ctx_take_sink(tg_op_ctx *ctx, int i)
     if (!ctx->sink || i < 0 || i >= ctx->nin || !ctx->sink[i]) return NULL;
     tg_tensor *t = ctx->sink[i];
     ctx->sink[i] = NULL;
+    return t;
+}
+
+/* Backward: the running sum of input i's gradient (borrowed), now taken:
+ * the caller must add its gradient into every element of it, as the add
+ * kernel adds (sum + gradient, one rounding), and set gin[i] to it. NULL
+ * where none is offered (or it was taken). */
+static inline tg_tensor *tg__op_ctx_take_accum(tg_op_ctx *ctx, int i)
+{
+    if (!ctx->accum || i < 0 || i >= ctx->nin || !ctx->accum[i]) return NULL;
+    tg_tensor *t = ctx->accum[i];
+    ctx->accum[i] = NULL;
+    ctx->accum_taken |= 1u << i;
     return t;
 }
 

@@ -249,8 +249,18 @@ static tg_status affine_bwd_direct(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin
         if (tg__replica_active && tg__replica_defer_wgrad(tg__replica_active, w, g, x, m, n, k)) {
             ctx->needs &= ~(1u << 1); /* the engine then expects no gradient for W */
         } else {
-            if (!(gin[1] = tg_op_ctx_new_grad(ctx, 1))) return tg_last_error();
-            gemm(true, false, n, k, m, gp, n, tg__tensor_ptr(x), k, 0.0, tg__tensor_ptr(gin[1]),
+            /* Into the sum of W's gradient so far where the GEMM adds with
+             * the add kernel's bits (a weight used at every step of an RNN:
+             * no buffer, no zeroing and no add pass per step). */
+            double beta = 0.0;
+            if (ctx->accum && ctx->accum[1] &&
+                tg__gemm_adds_exactly(g->backend, g->dtype, n, k, m)) {
+                gin[1] = tg__op_ctx_take_accum(ctx, 1);
+                beta = 1.0;
+            } else if (!(gin[1] = tg_op_ctx_new_grad(ctx, 1))) {
+                return tg_last_error();
+            }
+            gemm(true, false, n, k, m, gp, n, tg__tensor_ptr(x), k, beta, tg__tensor_ptr(gin[1]),
                  k);
         }
     }

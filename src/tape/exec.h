@@ -120,6 +120,27 @@ static inline tg_status tg__bad_grad(const tg_node *n, const tg_spec *want, cons
                    tg_shape_str(want->ndim, want->shape, a, sizeof a));
 }
 
+/* The running sums a backward may add its gradients into itself
+ * (tg_op_ctx.accum): input i's, where the engine would add into it in
+ * place anyway (the leaf's sink holding the sum, or a sum only the sweep
+ * holds) and no other input shares its slot. Only affine takes them (its
+ * weight gradient's GEMM, matmul.c), so only its nodes are offered any. */
+extern const tg_op tg__op_affine;
+static inline void accum_offers(const tg_node *n, unsigned needs, tg_tensor **const *dst,
+                                tg_tensor *const *sink, tg_tensor **acc, tg_op_ctx *ctx)
+{
+    bool any = false;
+    for (int i = 0; i < n->nin; i++) {
+        tg_tensor *d = (needs & (1u << i)) && dst[i] ? *dst[i] : NULL;
+        if (d && !(sink && sink[i] == d) && !tg__held_only(d, 1)) d = NULL;
+        for (int k = 0; k < n->nin && d; k++)
+            if (k != i && dst[k] == dst[i]) d = NULL;
+        acc[i] = d;
+        any = any || d;
+    }
+    if (any) ctx->accum = acc;
+}
+
 /* Runs n's backward (needs: tg__node_needs(n), which its callers have
  * already) on the output gradient gout (borrowed), with in
  * (in_spec), out (out_spec), extra and *nextra as in tg__op_ctx's
@@ -156,6 +177,8 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
         }
         ctx.sink = offer;
     }
+    tg_tensor *acc[TG_OP_MAX_INPUTS];
+    if (n->op == &tg__op_affine) accum_offers(n, needs, dst, sink, acc, &ctx);
     tg__scope_begin_inline();
     uint64_t t0 = ns ? tg__now_ns() : 0;
     tg__in_op++;
@@ -182,6 +205,11 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
     }
     for (int i = 0; i < n->nin; i++) {
         if (st != TG_OK || !(needs & (1u << i))) {
+            tg_tensor_release(gin[i]);
+            continue;
+        }
+        if (ctx.accum_taken & (1u << i)) { /* the backward added it into *dst[i] itself */
+            if (gin[i] != *dst[i]) st = tg__bad_grad(n, &in_spec[i], "another tensor", i);
             tg_tensor_release(gin[i]);
             continue;
         }

@@ -16,6 +16,9 @@
  * spinning workers (core/pool.c). The benchmark's raw GEMMs make the same
  * choice through tg__gemm_threads_begin/end. */
 #include <cblas.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/kernels.h"
 #include "core/pool.h"
@@ -147,6 +150,77 @@ static bool gemm_thin(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const v
 
 GEMM_ENTRY(gemm_f32, sgemm, TG_F32)
 GEMM_ENTRY(gemm_f64, dgemm, TG_F64)
+
+/* ---- A GEMM that adds into its result (tg__gemm_adds_exactly).
+ *
+ * OpenBLAS applies beta to C first (beta 0: zeros), then adds each block of
+ * the reduction's product into C, alpha times it, with one rounding: with
+ * the whole reduction in one block (k at most GEMM_Q: 320 floats and 256
+ * doubles for the Haswell kernels, 384 for SkylakeX's; a scratch program
+ * found the first differing sums just above those), a beta-1 call gives
+ * c + p where the beta-0 call gives p, so the sweep's add of the two
+ * (c + p) has the same bits. The one difference: a product of exactly -0
+ * comes out +0 at beta 0 (0 + -0), so where c is also -0 the sweep's sum
+ * is +0 and the GEMM's -0; c can only be -0 when every contribution before
+ * was -0 and some came from elsewhere than a beta-0 GEMM. Hence the bound
+ * EXACT_K, well below any GEMM_Q of OpenBLAS's x86 kernels, a one-thread
+ * call (OpenBLAS's threaded blocking may differ), and a probe, once per
+ * dtype, of the kernel the table holds at k = EXACT_K. */
+#define EXACT_K 128
+
+static pthread_once_t exact_once = PTHREAD_ONCE_INIT;
+static bool exact_ok[2]; /* f32, f64 */
+
+static bool probe_exact(tg_gemm_fn gemm, size_t es)
+{
+    enum { M = 40, N = 24, K = EXACT_K, TOTAL = K * (M + N) + 3 * M * N };
+    char *base = malloc((size_t)TOTAL * es);
+    if (!base) return false;
+    uint64_t u = 0x2545f4914f6cdd1dULL;
+    for (int i = 0; i < TOTAL; i++) {
+        u ^= u << 13, u ^= u >> 7, u ^= u << 17;
+        double v = (double)(u >> 11) / 9007199254740992.0 - 0.5;
+        if (es == 4)
+            ((float *)base)[i] = (float)v;
+        else
+            ((double *)base)[i] = v;
+    }
+    char *a = base, *b = a + (size_t)K * M * es, *c0 = b + (size_t)K * N * es;
+    char *c1 = c0 + (size_t)M * N * es, *p = c1 + (size_t)M * N * es;
+    memcpy(c1, c0, (size_t)M * N * es);
+    /* The weight gradient's call: a (K, M) transposed, b (K, N). */
+    gemm(true, false, M, N, K, a, M, b, N, 0.0, p, N);
+    gemm(true, false, M, N, K, a, M, b, N, 1.0, c1, N);
+    for (int i = 0; i < M * N; i++) {
+        if (es == 4)
+            ((float *)c0)[i] = ((float *)c0)[i] + ((float *)p)[i];
+        else
+            ((double *)c0)[i] = ((double *)c0)[i] + ((double *)p)[i];
+    }
+    bool same = memcmp(c0, c1, (size_t)M * N * es) == 0;
+    free(base);
+    return same;
+}
+
+static void exact_probe(void)
+{
+    exact_ok[0] = probe_exact(gemm_f32, sizeof(float));
+    exact_ok[1] = probe_exact(gemm_f64, sizeof(double));
+}
+
+bool tg__gemm_adds_exactly(tg_backend backend, tg_dtype dtype, int64_t m, int64_t n, int64_t k)
+{
+    if (dtype != TG_F32 && dtype != TG_F64) return false;
+    if (backend == TG_BACKEND_REF) /* sums in double, rounded once to the dtype */
+        return dtype == TG_F64;
+    if (backend != TG_BACKEND_CPU || k < 1 || k > EXACT_K) return false;
+    /* Not where OpenBLAS may split it across threads (gemm_chosen). */
+    if (!gemm_small(m, n, k) && (double)m * (double)n * (double)k >= GEMM_SPLIT_MNK &&
+        m >= GEMM_SPLIT_SIDE && n >= GEMM_SPLIT_SIDE && tg__blas_threads() > 1)
+        return false;
+    pthread_once(&exact_once, exact_probe);
+    return exact_ok[dtype == TG_F64];
+}
 
 int tg__blas_threads(void)
 {
