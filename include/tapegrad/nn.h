@@ -59,7 +59,7 @@ tg_tensor *tg_avg_pool2d(tg_tensor *x, const tg_pool2d_opts *opts);
  * y[1] = c' = sigmoid(f) c + sigmoid(i) tanh(g) and
  * y[0] = h' = sigmoid(o) tanh(c'); tg_narrow along dim 0 (and a reshape)
  * takes them apart as views. One node and one pass where the composed ops
- * make thirteen; the node keeps z, c and y. Differentiable to any order.
+ * make thirteen; the node keeps z and c. Differentiable to any order.
  * tg_lstm_cell_forward (layers.h) uses it. */
 tg_tensor *tg_lstm_gates(tg_tensor *z, tg_tensor *c);
 

@@ -11,10 +11,11 @@
  * Here the forward makes the four activations row by row with the
  * backend's own sigmoid and tanh kernels (so the ref backend stays the
  * oracle of the cpu one), in a scratch row that stays in cache; the node
- * keeps z, c and y, as many values as the composed ops kept, and the
- * backward makes each row's activations and tanh(c') again with the same
- * kernels (the same bits as the forward's) and writes the gradients of z
- * and c in one pass over the row.
+ * keeps z and c, five values of each row's H where the composed ops kept
+ * six, and the backward makes each row's activations, c' and tanh(c')
+ * again with the same kernels and arithmetic (the same bits as the
+ * forward's) and writes the gradients of z and c in one pass over the
+ * row.
  *
  * A backward that records (create_graph) runs the same math as tg_* ops
  * on the tracked z and c instead: the op has derivatives of any order. */
@@ -91,22 +92,27 @@ GATES_FWD(float, gates_fwd_f32)
 GATES_FWD(double, gates_fwd_f64)
 
 /* Backward of rows [0, B): gy (2, B, H) the gradient of y; gz (B, 4H) and
- * gc (B, H), either may be NULL; a a scratch row of 6H. With
+ * gc (B, H), either may be NULL; a a scratch row of 6H. c' is made again
+ * as the forward makes it. With
  * dc = gy[1] + gy[0] o (1 - tanh(c')^2):
  *   gz = (dc g i (1 - i), dc c f (1 - f), dc i (1 - g^2), gy[0] tanh(c') o (1 - o)),
  *   gc = dc f.
  * Loops without branches, one per output, so the compiler vectorises them. */
 #define GATES_BWD(T, NAME)                                                                    \
     static void NAME(const gates_k *k, int64_t B, int64_t H, const T *z, const T *c,          \
-                     const T *y, const T *gy, T *gz, T *gc, T *a)                              \
+                     const T *gy, T *gz, T *gc, T *a)                                          \
     {                                                                                          \
         const T *i = a, *f = a + H, *g = a + 2 * H, *o = a + 3 * H;                            \
         T *t = a + 4 * H, *dc = a + 5 * H;                                                     \
         for (int64_t b = 0; b < B; b++) {                                                      \
-            const T *cr = c + b * H, *cn = y + (B + b) * H;                                    \
+            const T *cr = c + b * H;                                                           \
             const T *gh = gy + b * H, *gn = gy + (B + b) * H;                                  \
             gates_act(k, H, z + b * 4 * H, a, sizeof(T));                                      \
-            k->th(H, cn, t, 0);                                                                \
+            for (int64_t j = 0; j < H; j++) {                                                  \
+                T fc = f[j] * cr[j], ig = i[j] * g[j];                                         \
+                t[j] = fc + ig;                                                                \
+            }                                                                                  \
+            k->th(H, t, t, 0);                                                                 \
             for (int64_t j = 0; j < H; j++) dc[j] = gn[j] + gh[j] * o[j] * (1 - t[j] * t[j]);  \
             if (gz) {                                                                          \
                 T *zr = gz + b * 4 * H;                                                        \
@@ -190,7 +196,6 @@ static tg_status gates_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 {
     tg_tensor *z = tg_op_ctx_input(ctx, 0), *c = tg_op_ctx_input(ctx, 1);
     if (tg__records(z) || tg__records(c) || tg__records(g)) return gates_bwd_ops(ctx, z, c, g, gin);
-    tg_tensor *y = tg_op_ctx_output(ctx);
     int64_t H = c->shape[c->ndim - 1], B = c->numel / H;
     if (!g->contiguous && !(g = tg_contiguous(g))) return tg_last_error();
     if (tg_op_ctx_needs_grad(ctx, 0) && !(gin[0] = tg_op_ctx_new_grad(ctx, 0)))
@@ -204,11 +209,11 @@ static tg_status gates_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     gates_k k = gates_kernels(c);
     void *gz = gin[0] ? tg__tensor_ptr(gin[0]) : NULL, *gc = gin[1] ? tg__tensor_ptr(gin[1]) : NULL;
     if (c->dtype == TG_F32)
-        gates_bwd_f32(&k, B, H, tg__tensor_ptr(z), tg__tensor_ptr(c), tg__tensor_ptr(y),
-                      tg__tensor_ptr(g), gz, gc, t);
+        gates_bwd_f32(&k, B, H, tg__tensor_ptr(z), tg__tensor_ptr(c), tg__tensor_ptr(g), gz, gc,
+                      t);
     else
-        gates_bwd_f64(&k, B, H, tg__tensor_ptr(z), tg__tensor_ptr(c), tg__tensor_ptr(y),
-                      tg__tensor_ptr(g), gz, gc, t);
+        gates_bwd_f64(&k, B, H, tg__tensor_ptr(z), tg__tensor_ptr(c), tg__tensor_ptr(g), gz, gc,
+                      t);
     free(t);
     return TG_OK;
 }
@@ -235,7 +240,7 @@ const tg_op tg__op_lstm_gates = {
     .doc = "y[1] = c' = sig(f) c + sig(i) tanh(g), y[0] = sig(o) tanh(c'); (i, f, g, o) = z's "
            "quarters along its last dim",
     .arity = 2, .shape = gates_shape, .forward = gates_fwd, .backward = gates_bwd,
-    .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1) | TG_SAVE_OUTPUT,
+    .cost = TG_COST_MEMORY_BOUND, .saves = TG_SAVE_INPUT(0) | TG_SAVE_INPUT(1),
     .sample = gates_sample,
 };
 
