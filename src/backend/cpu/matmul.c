@@ -7,10 +7,14 @@
  * (64x10x10816: a side of 10) 1.2-2.3x slower, and helped from about
  * m*n*k = 2M with m, n and k at least 32 (0.52-0.86x; 128x128x128 broke
  * even). With k = 10 (64x10816x10) the split alone was 0.82x, but the
- * conv step around it ran 1.2x slower on two threads than on one. So a
- * GEMM below that runs on one thread whatever the count (the count is
- * read per call, so a count set through OpenBLAS itself is followed, and
- * put back after). Its bits are then those of one thread at any count
+ * conv step around it ran 1.2x slower on two threads than on one. A short
+ * reduction splits badly too: an LSTM's weight gradient at batch 32
+ * (512x128x32) took 1.7-1.9x its one-thread time on two, and with it the
+ * LSTM step (bench_policies lstm) ran 1.2x slower at two threads than at
+ * one (Zen 5); k of at least 64 for a split made it 0.83-0.87x its time
+ * and level with one thread. So a GEMM below that runs on one thread
+ * whatever the count (the count is read per call, so a count set through
+ * OpenBLAS itself is followed, and put back after). Its bits are then those of one thread at any count
  * (OpenBLAS's threaded path can differ in the last bit: the rnn gradient
  * did). A GEMM that will be split first parks the elementwise pool's
  * spinning workers (core/pool.c). The benchmark's raw GEMMs make the same
@@ -25,6 +29,7 @@
 
 #define GEMM_SPLIT_MNK ((double)(1 << 21))
 #define GEMM_SPLIT_SIDE 32
+#define GEMM_SPLIT_K 64
 /* OpenBLAS 0.3 runs these on one thread by itself (m*n*k <= 65536 *
  * GEMM_MULTITHREAD_THRESHOLD, 4 in Debian's build): nothing to choose,
  * and the tiny workload's GEMMs (~0.3 us) would feel the choosing. */
@@ -39,12 +44,19 @@ static inline bool gemm_small(int64_t m, int64_t n, int64_t k)
     return mn <= GEMM_OWN_SINGLE_MNK && mn * (uint64_t)k <= GEMM_OWN_SINGLE_MNK;
 }
 
+/* Whether a GEMM that is not small is one OpenBLAS may split across its
+ * threads (tg__gemm_threads_begin). */
+static inline bool gemm_splits(int64_t m, int64_t n, int64_t k)
+{
+    return (double)m * (double)n * (double)k >= GEMM_SPLIT_MNK && m >= GEMM_SPLIT_SIDE &&
+           n >= GEMM_SPLIT_SIDE && k >= GEMM_SPLIT_K;
+}
+
 int tg__gemm_threads_begin(int64_t m, int64_t n, int64_t k)
 {
 #if TG_HAVE_OPENBLAS_THREADS
     if (gemm_small(m, n, k)) return 0;
-    if ((double)m * (double)n * (double)k >= GEMM_SPLIT_MNK && m >= GEMM_SPLIT_SIDE &&
-        n >= GEMM_SPLIT_SIDE && k >= GEMM_SPLIT_SIDE) {
+    if (gemm_splits(m, n, k)) {
         tg__pool_park(); /* OpenBLAS's threads need the cores the pool spins on */
         return 0;
     }
@@ -215,9 +227,7 @@ bool tg__gemm_adds_exactly(tg_backend backend, tg_dtype dtype, int64_t m, int64_
         return dtype == TG_F64;
     if (backend != TG_BACKEND_CPU || k < 1 || k > EXACT_K) return false;
     /* Not where OpenBLAS may split it across threads (gemm_chosen). */
-    if (!gemm_small(m, n, k) && (double)m * (double)n * (double)k >= GEMM_SPLIT_MNK &&
-        m >= GEMM_SPLIT_SIDE && n >= GEMM_SPLIT_SIDE && tg__blas_threads() > 1)
-        return false;
+    if (!gemm_small(m, n, k) && gemm_splits(m, n, k) && tg__blas_threads() > 1) return false;
     pthread_once(&exact_once, exact_probe);
     return exact_ok[dtype == TG_F64];
 }
