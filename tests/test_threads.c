@@ -309,3 +309,58 @@ Test(threads, threads_share_one_fused_function)
     tg_fused_free(f);
     cr_assert_eq(tg_mem_current_bytes(), 0);
 }
+
+/* lstm_gates splits its rows across the pool when they are large: the
+ * output and both gradients are bitwise those of one thread. */
+static float *gates_run(int threads, tg_tensor *z, tg_tensor *c, tg_tensor *w, size_t *n,
+                        bool *split)
+{
+    cr_assert_eq(tg_set_num_threads(threads), TG_OK);
+    tg_tape *tape = tg_tape_new(NULL);
+    cr_assert_eq(tg_requires_grad(tape, z), TG_OK);
+    cr_assert_eq(tg_requires_grad(tape, c), TG_OK);
+    tg_scope_begin();
+    uint64_t jobs = tg__pool_jobs();
+    tg_tensor *y = tg_lstm_gates(z, c);
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    *split = tg__pool_jobs() > jobs; /* the op's own forward */
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(y, w))), TG_OK, "%s", tg_last_error_message());
+    size_t ny = (size_t)tg_tensor_numel(y), nz = (size_t)tg_tensor_numel(z);
+    size_t nc = (size_t)tg_tensor_numel(c);
+    *n = ny + nz + nc;
+    float *out = malloc(*n * sizeof *out);
+    cr_assert_not_null(out);
+    cr_assert_eq(tg_tensor_copy_out(y, out, ny * sizeof *out), TG_OK);
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(z), out + ny, nz * sizeof *out), TG_OK);
+    cr_assert_eq(tg_tensor_copy_out(tg_grad(c), out + ny + nz, nc * sizeof *out), TG_OK);
+    tg_scope_end();
+    tg_grad_zero(z);
+    tg_grad_zero(c);
+    tg_tape_free(tape);
+    return out;
+}
+
+Test(threads, lstm_gates_split_across_threads_matches_one_thread_bitwise)
+{
+    int before = tg_num_threads();
+    tg_rng rng;
+    tg_rng_seed(&rng, 12);
+    /* z of 1000 x 4 x 300 floats, 4.8 MB: split even when the pool sleeps. */
+    tg_tensor *z = tg_rand_uniform(&rng, TG_F32, 2, SHAPE(1000, 1200), -4, 4);
+    tg_tensor *c = tg_rand_uniform(&rng, TG_F32, 2, SHAPE(1000, 300), -2, 2);
+    tg_tensor *w = tg_rand_uniform(&rng, TG_F32, 3, SHAPE(2, 1000, 300), -1, 1);
+    size_t n1, n2;
+    bool split1, split2;
+    float *one = gates_run(1, z, c, w, &n1, &split1);
+    float *two = gates_run(2, z, c, w, &n2, &split2);
+    cr_assert(!split1, "a split on 1 thread");
+    cr_assert(split2, "the forward was not split on 2 threads");
+    cr_assert_eq(n1, n2);
+    cr_assert_eq(memcmp(one, two, n1 * sizeof(float)), 0, "2 threads differ from 1");
+    free(one);
+    free(two);
+    tg_tensor_release(z);
+    tg_tensor_release(c);
+    tg_tensor_release(w);
+    cr_assert_eq(tg_set_num_threads(before), TG_OK);
+}

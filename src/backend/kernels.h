@@ -244,10 +244,12 @@ typedef void (*tg_gemm_fn)(bool ta, bool tb, int64_t m, int64_t n, int64_t k, co
 TG_INTERNAL int tg__blas_threads(void);
 TG_INTERNAL void tg__blas_set_threads(int n);
 /* The thread choice for one m x n x k GEMM (cpu/matmul.c): before it,
- * begin returns 0 when the GEMM may run as OpenBLAS decides (small ones,
+ * begin decides whether the GEMM may run as OpenBLAS decides (small ones,
  * which it keeps on one thread itself, or large ones it may split, the
- * pool's workers then parked first), else the thread count it set aside
- * to run it on one thread; after it, end puts that count back. */
+ * pool's workers then parked first) or on one thread, the count set aside
+ * meanwhile; while the count is above 1 it also takes a process-wide lock
+ * that end releases, so that no thread's GEMM starts while another has
+ * the count lowered. Pass end what begin returned. */
 TG_INTERNAL int tg__gemm_threads_begin(int64_t m, int64_t n, int64_t k);
 TG_INTERNAL void tg__gemm_threads_end(int threads);
 /* Whether backend's TG_K_GEMM of dtype, called with beta 1 and alpha 1 for

@@ -15,13 +15,17 @@
  * six, and the backward makes each row's activations, c' and tanh(c')
  * again with the same kernels and arithmetic (the same bits as the
  * forward's) and writes the gradients of z and c in one pass over the
- * row.
+ * row. Rows are independent, so large calls on the cpu backend split
+ * them across the elementwise pool (as large maps split theirs) with the
+ * bits of one thread.
  *
  * A backward that records (create_graph) runs the same math as tg_* ops
  * on the tracked z and c instead: the op has derivatives of any order. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/parallel.h"
+#include "core/pool.h"
 #include "ops/helpers.h"
 
 static tg_status gates_shape(const tg_op *op, const tg_op_attrs *a, tg_tensor *const *in,
@@ -69,14 +73,14 @@ static void gates_act(const gates_k *k, int64_t H, const void *zr, void *ar, siz
     k->sig(H, (const char *)zr + 3 * H * es, (char *)ar + 3 * H * es, 0);
 }
 
-/* Forward of rows [0, B): y (2, B, H), a a scratch row of 4H. The
+/* Forward of rows [b0, b1) of B: y (2, B, H), a a scratch row of 4H. The
  * arithmetic is spelled out once per dtype; c' and h' are a product and a
  * sum of products, in that order, as the composed ops compute them. */
 #define GATES_FWD(T, NAME)                                                                    \
-    static void NAME(const gates_k *k, int64_t B, int64_t H, const T *z, const T *c, T *a,     \
-                     T *y)                                                                     \
+    static void NAME(const gates_k *k, int64_t b0, int64_t b1, int64_t B, int64_t H,          \
+                     const T *z, const T *c, T *a, T *y)                                       \
     {                                                                                          \
-        for (int64_t b = 0; b < B; b++) {                                                      \
+        for (int64_t b = b0; b < b1; b++) {                                                    \
             const T *zr = z + b * 4 * H, *cr = c + b * H;                                      \
             T *ar = a, *hn = y + b * H, *cn = y + (B + b) * H;                                 \
             gates_act(k, H, zr, ar, sizeof(T));                                                \
@@ -91,7 +95,7 @@ static void gates_act(const gates_k *k, int64_t H, const void *zr, void *ar, siz
 GATES_FWD(float, gates_fwd_f32)
 GATES_FWD(double, gates_fwd_f64)
 
-/* Backward of rows [0, B): gy (2, B, H) the gradient of y; gz (B, 4H) and
+/* Backward of rows [b0, b1) of B: gy (2, B, H) the gradient of y; gz (B, 4H) and
  * gc (B, H), either may be NULL; a a scratch row of 6H. c' is made again
  * as the forward makes it. With
  * dc = gy[1] + gy[0] o (1 - tanh(c')^2):
@@ -99,12 +103,12 @@ GATES_FWD(double, gates_fwd_f64)
  *   gc = dc f.
  * Loops without branches, one per output, so the compiler vectorises them. */
 #define GATES_BWD(T, NAME)                                                                    \
-    static void NAME(const gates_k *k, int64_t B, int64_t H, const T *z, const T *c,          \
-                     const T *gy, T *gz, T *gc, T *a)                                          \
+    static void NAME(const gates_k *k, int64_t b0, int64_t b1, int64_t B, int64_t H,          \
+                     const T *z, const T *c, const T *gy, T *gz, T *gc, T *a)                  \
     {                                                                                          \
         const T *i = a, *f = a + H, *g = a + 2 * H, *o = a + 3 * H;                            \
         T *t = a + 4 * H, *dc = a + 5 * H;                                                     \
-        for (int64_t b = 0; b < B; b++) {                                                      \
+        for (int64_t b = b0; b < b1; b++) {                                                    \
             const T *cr = c + b * H;                                                           \
             const T *gh = gy + b * H, *gn = gy + (B + b) * H;                                  \
             gates_act(k, H, z + b * 4 * H, a, sizeof(T));                                      \
@@ -136,24 +140,66 @@ static gates_k gates_kernels(const tg_tensor *t)
                      .th = TG_KERNEL(tg_unary_fn, TG_K_TANH, t)};
 }
 
+/* One call's rows, split across the pool where they are large (the cpu
+ * backend; each row is computed alone, so any split gives the same bits),
+ * each part with its own scratch row of `row` values. gy NULL: forward
+ * (out = y); else backward (out = gz, out2 = gc). */
+typedef struct gates_job {
+    gates_k k;
+    bool f64;
+    int64_t B, H, row;
+    const void *z, *c, *gy;
+    void *out, *out2;
+    char *scratch;
+} gates_job;
+
+static void gates_part(void *ctx, int part, int nparts)
+{
+    const gates_job *j = ctx;
+    int64_t b0 = j->B * part / nparts, b1 = j->B * (part + 1) / nparts;
+    void *a = j->scratch + (size_t)part * (size_t)j->row * (j->f64 ? 8 : 4);
+    if (!j->gy && !j->f64)
+        gates_fwd_f32(&j->k, b0, b1, j->B, j->H, j->z, j->c, a, j->out);
+    else if (!j->gy)
+        gates_fwd_f64(&j->k, b0, b1, j->B, j->H, j->z, j->c, a, j->out);
+    else if (!j->f64)
+        gates_bwd_f32(&j->k, b0, b1, j->B, j->H, j->z, j->c, j->gy, j->out, j->out2, a);
+    else
+        gates_bwd_f64(&j->k, b0, b1, j->B, j->H, j->z, j->c, j->gy, j->out, j->out2, a);
+}
+
+static tg_status gates_run(const tg_op *op, gates_job *j, const tg_tensor *z)
+{
+    size_t es = j->f64 ? 8 : 4;
+    int parts = z->backend == TG_BACKEND_CPU ? tg__split_parts((size_t)z->numel * es) : 1;
+    if (parts > tg__pool_size()) parts = tg__pool_size();
+    if (parts > j->B) parts = (int)j->B;
+    if (parts < 1) parts = 1;
+    j->scratch = malloc((size_t)parts * (size_t)j->row * es);
+    if (!j->scratch)
+        return tg__err(TG_ERR_NOMEM, "'%s': out of memory for %d rows of %lld values", op->name,
+                       parts, (long long)j->row);
+    if (parts == 1)
+        gates_part(j, 0, 1);
+    else
+        tg__pool_run(gates_part, j, parts);
+    free(j->scratch);
+    return TG_OK;
+}
+
 static tg_tensor *gates_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *z = in[0], *c = in[1];
-    int64_t H = c->shape[c->ndim - 1], B = c->numel / H;
+    int64_t H = c->shape[c->ndim - 1];
     tg_tensor *y = tg_op_ctx_new_output(ctx);
-    void *a = y ? malloc((size_t)(4 * H) * tg_dtype_size(z->dtype)) : NULL;
-    if (!a) {
-        if (y) tg__err(TG_ERR_NOMEM, "'%s': out of memory for a row of %lld values",
-                       ctx->op->name, (long long)(4 * H));
+    if (!y) return NULL;
+    gates_job j = {.k = gates_kernels(z), .f64 = z->dtype == TG_F64, .B = c->numel / H, .H = H,
+                   .row = 4 * H, .z = tg__tensor_ptr(z), .c = tg__tensor_ptr(c),
+                   .out = tg__tensor_ptr(y)};
+    if (gates_run(ctx->op, &j, z)) {
         tg_tensor_release(y);
         return NULL;
     }
-    gates_k k = gates_kernels(z);
-    if (z->dtype == TG_F32)
-        gates_fwd_f32(&k, B, H, tg__tensor_ptr(z), tg__tensor_ptr(c), a, tg__tensor_ptr(y));
-    else
-        gates_fwd_f64(&k, B, H, tg__tensor_ptr(z), tg__tensor_ptr(c), a, tg__tensor_ptr(y));
-    free(a);
     return y;
 }
 
@@ -202,20 +248,11 @@ static tg_status gates_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         return tg_last_error();
     if (tg_op_ctx_needs_grad(ctx, 1) && !(gin[1] = tg_op_ctx_new_grad(ctx, 1)))
         return tg_last_error();
-    size_t es = tg_dtype_size(c->dtype);
-    void *t = malloc((size_t)(6 * H) * es);
-    if (!t) return tg__err(TG_ERR_NOMEM, "'%s': out of memory for a row of %lld values",
-                           ctx->op->name, (long long)(6 * H));
-    gates_k k = gates_kernels(c);
-    void *gz = gin[0] ? tg__tensor_ptr(gin[0]) : NULL, *gc = gin[1] ? tg__tensor_ptr(gin[1]) : NULL;
-    if (c->dtype == TG_F32)
-        gates_bwd_f32(&k, B, H, tg__tensor_ptr(z), tg__tensor_ptr(c), tg__tensor_ptr(g), gz, gc,
-                      t);
-    else
-        gates_bwd_f64(&k, B, H, tg__tensor_ptr(z), tg__tensor_ptr(c), tg__tensor_ptr(g), gz, gc,
-                      t);
-    free(t);
-    return TG_OK;
+    gates_job j = {.k = gates_kernels(c), .f64 = c->dtype == TG_F64, .B = B, .H = H, .row = 6 * H,
+                   .z = tg__tensor_ptr(z), .c = tg__tensor_ptr(c), .gy = tg__tensor_ptr(g),
+                   .out = gin[0] ? tg__tensor_ptr(gin[0]) : NULL,
+                   .out2 = gin[1] ? tg__tensor_ptr(gin[1]) : NULL};
+    return gates_run(ctx->op, &j, z);
 }
 
 /* Cases: a few rows of a small cell; one row; a cell of width 1; one

@@ -21,6 +21,7 @@
  * choice through tg__gemm_threads_begin/end. */
 #include <cblas.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,16 +53,48 @@ static inline bool gemm_splits(int64_t m, int64_t n, int64_t k)
            n >= GEMM_SPLIT_SIDE && k >= GEMM_SPLIT_K;
 }
 
+#if TG_HAVE_OPENBLAS_THREADS
+/* OpenBLAS's thread count is one number for the whole process, read when
+ * a call starts. Lowering it around one thread's GEMM would make another
+ * thread's GEMM that starts meanwhile run on one thread, with other bits
+ * than the same run alone (a test training on four threads at once saw
+ * it in about one run of sixteen). So while the count is above 1, every
+ * GEMM that is not small holds gemm_lock from its choice to its end: a
+ * split one runs at the count, a lowered one alone. toggle_seq is odd
+ * while the count is lowered, so that a GEMM reading 1 can tell a count
+ * of 1 (no lock: nothing lowers it, as with worker threads or
+ * OPENBLAS_NUM_THREADS=1) from one lowered for the moment. */
+static pthread_mutex_t gemm_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint toggle_seq;
+#define GEMM_LOCKED (-1) /* begin's return: the lock held, the count as it was */
+#endif
+
+/* OpenBLAS's thread count as set, not as lowered for a moment around
+ * another thread's GEMM (then 2: more than one, for all a caller knows). */
+static int blas_count_settled(void)
+{
+#if TG_HAVE_OPENBLAS_THREADS
+    unsigned s1 = atomic_load(&toggle_seq);
+    int threads = openblas_get_num_threads();
+    unsigned s2 = atomic_load(&toggle_seq);
+    return s1 == s2 && !(s1 & 1u) ? threads : 2;
+#else
+    return 1;
+#endif
+}
+
 int tg__gemm_threads_begin(int64_t m, int64_t n, int64_t k)
 {
 #if TG_HAVE_OPENBLAS_THREADS
-    if (gemm_small(m, n, k)) return 0;
+    if (gemm_small(m, n, k) || blas_count_settled() <= 1) return 0;
+    pthread_mutex_lock(&gemm_lock);
+    int threads = openblas_get_num_threads(); /* as set: nothing lowers it now */
+    if (threads <= 1) return GEMM_LOCKED;
     if (gemm_splits(m, n, k)) {
         tg__pool_park(); /* OpenBLAS's threads need the cores the pool spins on */
-        return 0;
+        return GEMM_LOCKED;
     }
-    int threads = openblas_get_num_threads();
-    if (threads <= 1) return 0;
+    atomic_fetch_add(&toggle_seq, 1u);
     openblas_set_num_threads(1);
     return threads;
 #else
@@ -73,7 +106,12 @@ int tg__gemm_threads_begin(int64_t m, int64_t n, int64_t k)
 void tg__gemm_threads_end(int threads)
 {
 #if TG_HAVE_OPENBLAS_THREADS
-    if (threads) openblas_set_num_threads(threads);
+    if (threads == 0) return;
+    if (threads > 0) {
+        openblas_set_num_threads(threads);
+        atomic_fetch_add(&toggle_seq, 1u);
+    }
+    pthread_mutex_unlock(&gemm_lock);
 #else
     (void)threads;
 #endif
@@ -227,7 +265,7 @@ bool tg__gemm_adds_exactly(tg_backend backend, tg_dtype dtype, int64_t m, int64_
         return dtype == TG_F64;
     if (backend != TG_BACKEND_CPU || k < 1 || k > EXACT_K) return false;
     /* Not where OpenBLAS may split it across threads (gemm_chosen). */
-    if (!gemm_small(m, n, k) && gemm_splits(m, n, k) && tg__blas_threads() > 1) return false;
+    if (!gemm_small(m, n, k) && gemm_splits(m, n, k) && blas_count_settled() > 1) return false;
     pthread_once(&exact_once, exact_probe);
     return exact_ok[dtype == TG_F64];
 }
@@ -244,7 +282,9 @@ int tg__blas_threads(void)
 void tg__blas_set_threads(int n)
 {
 #if TG_HAVE_OPENBLAS_THREADS
+    pthread_mutex_lock(&gemm_lock); /* not while a GEMM has it lowered */
     openblas_set_num_threads(n);
+    pthread_mutex_unlock(&gemm_lock);
 #else
     (void)n;
 #endif
