@@ -73,36 +73,47 @@ static void gates_act(const gates_k *k, int64_t H, const void *zr, void *ar, siz
     k->sig(H, (const char *)zr + 3 * H * es, (char *)ar + 3 * H * es, 0);
 }
 
-/* Forward of rows [b0, b1) of B: y (2, B, H), a a scratch row of 4H. The
- * arithmetic is spelled out once per dtype; c' and h' are a product and a
- * sum of products, in that order, as the composed ops compute them. */
-#define GATES_FWD(T, NAME)                                                                    \
+/* One row, as forward and backward both make it: the activations of zr
+ * into a (4H), c' = f c + i g (a product and a sum of products, in that
+ * order, as the composed ops compute it) into cn, tanh(c') into tn (which
+ * may be cn). One function for both, so backward has the forward's bits. */
+#define GATES_ROW(T, NAME)                                                                    \
+    static void NAME(const gates_k *k, int64_t H, const T *zr, const T *cr, T *a, T *cn,      \
+                     T *tn)                                                                    \
+    {                                                                                          \
+        gates_act(k, H, zr, a, sizeof(T));                                                    \
+        for (int64_t j = 0; j < H; j++) {                                                      \
+            T fc = a[H + j] * cr[j], ig = a[j] * a[2 * H + j];                                 \
+            cn[j] = fc + ig;                                                                   \
+        }                                                                                      \
+        k->th(H, cn, tn, 0);                                                                   \
+    }
+GATES_ROW(float, gates_row_f32)
+GATES_ROW(double, gates_row_f64)
+
+/* Forward of rows [b0, b1) of B: y (2, B, H), a a scratch row of 4H;
+ * h' = o tanh(c'). The arithmetic is spelled out once per dtype. */
+#define GATES_FWD(T, NAME, ROW)                                                               \
     static void NAME(const gates_k *k, int64_t b0, int64_t b1, int64_t B, int64_t H,          \
                      const T *z, const T *c, T *a, T *y)                                       \
     {                                                                                          \
         for (int64_t b = b0; b < b1; b++) {                                                    \
-            const T *zr = z + b * 4 * H, *cr = c + b * H;                                      \
-            T *ar = a, *hn = y + b * H, *cn = y + (B + b) * H;                                 \
-            gates_act(k, H, zr, ar, sizeof(T));                                                \
-            for (int64_t j = 0; j < H; j++) {                                                  \
-                T fc = ar[H + j] * cr[j], ig = ar[j] * ar[2 * H + j];                          \
-                cn[j] = fc + ig;                                                               \
-            }                                                                                  \
-            k->th(H, cn, hn, 0);                                                               \
-            for (int64_t j = 0; j < H; j++) hn[j] = ar[3 * H + j] * hn[j];                     \
+            T *hn = y + b * H;                                                                 \
+            ROW(k, H, z + b * 4 * H, c + b * H, a, y + (B + b) * H, hn);                       \
+            for (int64_t j = 0; j < H; j++) hn[j] = a[3 * H + j] * hn[j];                      \
         }                                                                                      \
     }
-GATES_FWD(float, gates_fwd_f32)
-GATES_FWD(double, gates_fwd_f64)
+GATES_FWD(float, gates_fwd_f32, gates_row_f32)
+GATES_FWD(double, gates_fwd_f64, gates_row_f64)
 
-/* Backward of rows [b0, b1) of B: gy (2, B, H) the gradient of y; gz (B, 4H) and
- * gc (B, H), either may be NULL; a a scratch row of 6H. c' is made again
- * as the forward makes it. With
+/* Backward of rows [b0, b1) of B: gy (2, B, H) the gradient of y; gz (B, 4H)
+ * and gc (B, H), either may be NULL; a a scratch row of 6H. c' and tanh(c')
+ * are made again by the forward's own row function. With
  * dc = gy[1] + gy[0] o (1 - tanh(c')^2):
  *   gz = (dc g i (1 - i), dc c f (1 - f), dc i (1 - g^2), gy[0] tanh(c') o (1 - o)),
  *   gc = dc f.
  * Loops without branches, one per output, so the compiler vectorises them. */
-#define GATES_BWD(T, NAME)                                                                    \
+#define GATES_BWD(T, NAME, ROW)                                                               \
     static void NAME(const gates_k *k, int64_t b0, int64_t b1, int64_t B, int64_t H,          \
                      const T *z, const T *c, const T *gy, T *gz, T *gc, T *a)                  \
     {                                                                                          \
@@ -111,12 +122,7 @@ GATES_FWD(double, gates_fwd_f64)
         for (int64_t b = b0; b < b1; b++) {                                                    \
             const T *cr = c + b * H;                                                           \
             const T *gh = gy + b * H, *gn = gy + (B + b) * H;                                  \
-            gates_act(k, H, z + b * 4 * H, a, sizeof(T));                                      \
-            for (int64_t j = 0; j < H; j++) {                                                  \
-                T fc = f[j] * cr[j], ig = i[j] * g[j];                                         \
-                t[j] = fc + ig;                                                                \
-            }                                                                                  \
-            k->th(H, t, t, 0);                                                                 \
+            ROW(k, H, z + b * 4 * H, cr, a, t, t);                                             \
             for (int64_t j = 0; j < H; j++) dc[j] = gn[j] + gh[j] * o[j] * (1 - t[j] * t[j]);  \
             if (gz) {                                                                          \
                 T *zr = gz + b * 4 * H;                                                        \
@@ -131,8 +137,8 @@ GATES_FWD(double, gates_fwd_f64)
                 for (int64_t j = 0; j < H; j++) gc[b * H + j] = dc[j] * f[j];                  \
         }                                                                                      \
     }
-GATES_BWD(float, gates_bwd_f32)
-GATES_BWD(double, gates_bwd_f64)
+GATES_BWD(float, gates_bwd_f32, gates_row_f32)
+GATES_BWD(double, gates_bwd_f64, gates_row_f64)
 
 static gates_k gates_kernels(const tg_tensor *t)
 {

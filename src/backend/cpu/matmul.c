@@ -14,9 +14,9 @@
  * one (Zen 5); k of at least 64 for a split made it 0.83-0.87x its time
  * and level with one thread. So a GEMM below that runs on one thread
  * whatever the count (the count is read per call, so a count set through
- * OpenBLAS itself is followed, and put back after). Its bits are then those of one thread at any count
- * (OpenBLAS's threaded path can differ in the last bit: the rnn gradient
- * did). A GEMM that will be split first parks the elementwise pool's
+ * OpenBLAS itself is followed, and put back after). Its bits are then
+ * those of one thread at any count (OpenBLAS's threaded path can differ in
+ * the last bit: the rnn gradient did). A GEMM that will be split first parks the elementwise pool's
  * spinning workers (core/pool.c). The benchmark's raw GEMMs make the same
  * choice through tg__gemm_threads_begin/end. */
 #include <cblas.h>
@@ -265,7 +265,7 @@ bool tg__gemm_adds_exactly(tg_backend backend, tg_dtype dtype, int64_t m, int64_
         return dtype == TG_F64;
     if (backend != TG_BACKEND_CPU || k < 1 || k > EXACT_K) return false;
     /* Not where OpenBLAS may split it across threads (gemm_chosen). */
-    if (!gemm_small(m, n, k) && gemm_splits(m, n, k) && blas_count_settled() > 1) return false;
+    if (gemm_splits(m, n, k) && blas_count_settled() > 1) return false; /* never small */
     pthread_once(&exact_once, exact_probe);
     return exact_ok[dtype == TG_F64];
 }
