@@ -267,6 +267,16 @@ extern TG_THREAD_LOCAL int tg__in_op;
  * NULL otherwise: dispatch names it when that backward calls an op that
  * cannot be differentiated. */
 extern TG_THREAD_LOCAL const char *tg__backward_of;
+/* Whether t (contiguous, untracked, owned by no scope) and its storage are
+ * reachable only through the refs references its caller holds: then
+ * nobody else can see a write into it (a gradient kept for the caller, a
+ * seed, a view of another gradient all hold more). */
+static inline bool tg__held_only(const tg_tensor *t, int refs)
+{
+    return t->refcount == refs && t->storage->refcount == 1 && t->contiguous &&
+           !t->scope_owned && !t->tape;
+}
+
 /* Whether an op on t would be recorded now: a backward's fast path that
  * calls kernels directly is only right when nothing records (first-order
  * backward runs with grad off; create_graph with it on). */

@@ -12,6 +12,14 @@
 /* All zero: the attrs of a call made without any (dispatch.c). */
 TG_INTERNAL extern const tg_op_attrs tg__zero_attrs;
 
+/* A node's gradient slots in a sweep: per input, the slot its gradient
+ * goes to (NULL where none), and the leaf's sink for that slot (sink
+ * NULL: none; tape/exec.h). */
+typedef struct tg__node_slots {
+    tg_tensor **const *dst;
+    tg_tensor *const *sink;
+} tg__node_slots;
+
 struct tg_op_ctx {
     const tg_op *op;
     const tg_op_attrs *attrs;
@@ -43,14 +51,10 @@ struct tg_op_ctx {
      * (tg_op_ctx_new_grad, tg__op_ctx_take_sink). Taken at most once. NULL
      * when nothing is offered. */
     tg_tensor **sink;
-    /* Backward: where accum[i] is set, it holds the sum of input i's
-     * gradient so far, which the engine would add this call's gradient to
-     * in place: an op whose kernel adds into its output with the same bits
-     * as the add kernel (a GEMM with beta 1, tg__gemm_adds_exactly) may
-     * add the gradient there itself and hand that tensor back as gin[i]
-     * (tg__op_ctx_take_accum), saving a buffer and a pass. Taken at most
-     * once; accum_taken has bit i set once taken. NULL when none. */
-    tg_tensor **accum;
+    /* Backward, in a sweep's node executor (else NULL): the node's gradient
+     * slots, which tg__op_ctx_take_accum reads; accum_taken has bit i set
+     * once input i's sum is taken. */
+    const struct tg__node_slots *slots;
     unsigned accum_taken;
 };
 
@@ -70,7 +74,7 @@ static inline tg_op_ctx tg__op_ctx(const tg_op *op, const tg_op_attrs *attrs, in
         .op = op, .attrs = attrs, .nin = nin, .in = in, .in_spec = in_spec, .out = out,
         .out_spec = out_spec, .backend = backend, .needs = needs, .extra = extra,
         .nextra = nextra, .forward = forward, .reuse = NULL, .gout_scratch = false,
-        .sink = NULL, .accum = NULL, .accum_taken = 0,
+        .sink = NULL, .slots = NULL, .accum_taken = 0,
     };
 }
 
@@ -85,17 +89,33 @@ static inline tg_tensor *tg__op_ctx_take_sink(tg_op_ctx *ctx, int i)
     return t;
 }
 
-/* Backward: the running sum of input i's gradient (borrowed), now taken:
- * the caller must add its gradient into every element of it, as the add
- * kernel adds (sum + gradient, one rounding), and set gin[i] to it. NULL
- * where none is offered (or it was taken). */
+/* Backward: the running sum of input i's gradient (borrowed) that this
+ * call's gradient would be added to in place: the leaf's sink holding the
+ * sum, or a sum only the sweep holds, in a slot no other input of the node
+ * shares; NULL where there is none (or it was taken). An op whose kernel
+ * adds into its output with the add kernel's bits (a GEMM with beta 1,
+ * tg__gemm_adds_exactly) may take it: add its gradient into every element
+ * of it itself and hand it back as gin[i], saving a buffer and a pass. */
+static inline tg_tensor *tg__op_ctx_accum_of(const tg_op_ctx *ctx, int i)
+{
+    const tg__node_slots *s = ctx->slots;
+    if (!s || i < 0 || i >= ctx->nin || !(ctx->needs & (1u << i)) ||
+        (ctx->accum_taken & (1u << i)) || !s->dst[i])
+        return NULL;
+    tg_tensor *d = *s->dst[i];
+    if (!d || (!(s->sink && s->sink[i] == d) && !tg__held_only(d, 1))) return NULL;
+    for (int k = 0; k < ctx->nin; k++)
+        if (k != i && s->dst[k] == s->dst[i]) return NULL;
+    return d;
+}
+
+/* The same, now taken: the caller must add its gradient into it, as the
+ * add kernel adds (sum + gradient, one rounding), and set gin[i] to it. */
 static inline tg_tensor *tg__op_ctx_take_accum(tg_op_ctx *ctx, int i)
 {
-    if (!ctx->accum || i < 0 || i >= ctx->nin || !ctx->accum[i]) return NULL;
-    tg_tensor *t = ctx->accum[i];
-    ctx->accum[i] = NULL;
-    ctx->accum_taken |= 1u << i;
-    return t;
+    tg_tensor *d = tg__op_ctx_accum_of(ctx, i);
+    if (d) ctx->accum_taken |= 1u << i;
+    return d;
 }
 
 #endif

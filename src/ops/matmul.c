@@ -253,7 +253,7 @@ static tg_status affine_bwd_direct(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin
              * the add kernel's bits (a weight used at every step of an RNN:
              * no buffer, no zeroing and no add pass per step). */
             double beta = 0.0;
-            if (ctx->accum && ctx->accum[1] &&
+            if (tg__op_ctx_accum_of(ctx, 1) &&
                 tg__gemm_adds_exactly(g->backend, g->dtype, n, k, m)) {
                 gin[1] = tg__op_ctx_take_accum(ctx, 1);
                 beta = 1.0;

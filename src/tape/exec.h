@@ -24,16 +24,6 @@ static inline unsigned tg__node_needs(const tg_node *n)
     return needs;
 }
 
-/* Whether t (contiguous, untracked, owned by no scope) and its storage are
- * reachable only through the refs references its caller holds: then
- * nobody else can see a write into it (a gradient kept for the caller, a
- * seed, a view of another gradient all hold more). */
-static inline bool tg__held_only(const tg_tensor *t, int refs)
-{
-    return t->refcount == refs && t->storage->refcount == 1 && t->contiguous &&
-           !t->scope_owned && !t->tape;
-}
-
 /* When the sweep holds the only reference to dst (tg__held_only: under
  * create_graph an untracked first contribution, a constant, must not
  * absorb a tracked one, so src must be untracked too), the sum is written
@@ -120,27 +110,6 @@ static inline tg_status tg__bad_grad(const tg_node *n, const tg_spec *want, cons
                    tg_shape_str(want->ndim, want->shape, a, sizeof a));
 }
 
-/* The running sums a backward may add its gradients into itself
- * (tg_op_ctx.accum): input i's, where the engine would add into it in
- * place anyway (the leaf's sink holding the sum, or a sum only the sweep
- * holds) and no other input shares its slot. Only affine takes them (its
- * weight gradient's GEMM, matmul.c), so only its nodes are offered any. */
-extern const tg_op tg__op_affine;
-static inline void accum_offers(const tg_node *n, unsigned needs, tg_tensor **const *dst,
-                                tg_tensor *const *sink, tg_tensor **acc, tg_op_ctx *ctx)
-{
-    bool any = false;
-    for (int i = 0; i < n->nin; i++) {
-        tg_tensor *d = (needs & (1u << i)) && dst[i] ? *dst[i] : NULL;
-        if (d && !(sink && sink[i] == d) && !tg__held_only(d, 1)) d = NULL;
-        for (int k = 0; k < n->nin && d; k++)
-            if (k != i && dst[k] == dst[i]) d = NULL;
-        acc[i] = d;
-        any = any || d;
-    }
-    if (any) ctx->accum = acc;
-}
-
 /* Runs n's backward (needs: tg__node_needs(n), which its callers have
  * already) on the output gradient gout (borrowed), with in
  * (in_spec), out (out_spec), extra and *nextra as in tg__op_ctx's
@@ -177,8 +146,8 @@ static TG_ALWAYS_INLINE tg_status tg__exec_backward(const struct tg_tape *tape, 
         }
         ctx.sink = offer;
     }
-    tg_tensor *acc[TG_OP_MAX_INPUTS];
-    if (n->op == &tg__op_affine) accum_offers(n, needs, dst, sink, acc, &ctx);
+    tg__node_slots slots = {dst, sink};
+    ctx.slots = &slots; /* for tg__op_ctx_take_accum */
     tg__scope_begin_inline();
     uint64_t t0 = ns ? tg__now_ns() : 0;
     tg__in_op++;
