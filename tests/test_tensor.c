@@ -425,6 +425,48 @@ Test(tensor, copy_out_of_a_transposed_view_gives_transposed_order)
     tg_tensor_release(x);
 }
 
+/* copy_out of views copies runs of contiguous inner dims at once: every
+ * kind of view against tg_tensor_get element by element. x (3, 4, 5) holds
+ * 0..59. */
+Test(tensor, copy_out_of_strided_views_matches_get_element_by_element)
+{
+    tg_scope_begin();
+    double v[60];
+    for (int i = 0; i < 60; i++) v[i] = i;
+    tg_tensor *x = tg_tensor_from_data(TG_F64, 3, SHAPE(3, 4, 5), v);
+    tg_tensor *col = tg_narrow(tg_reshape(x, 2, SHAPE(12, 5)), 1, 3, 1); /* (12, 1) */
+    tg_tensor *views[] = {
+        tg_narrow(x, 1, 1, 2),                               /* inner rows of 5 */
+        tg_narrow(x, 2, 1, 3),                               /* runs of 3 */
+        tg_narrow(tg_narrow(x, 0, 1, 2), 2, 0, 4),           /* two dims cut */
+        tg_transpose(x, 0, 2),                               /* runs of 1 */
+        tg_permute(x, 3, (const int[]){1, 0, 2}),            /* runs of 5 */
+        tg_expand(tg_narrow(x, 0, 2, 1), 3, SHAPE(4, 4, 5)), /* stride 0 */
+        tg_reshape(col, 3, SHAPE(12, 1, 1)),                 /* ones */
+        tg_narrow(x, 1, 2, 1),                               /* a dim of one */
+    };
+    for (size_t k = 0; k < sizeof views / sizeof *views; k++) {
+        tg_tensor *t = views[k];
+        cr_assert_not_null(t, "view %zu: %s", k, tg_last_error_message());
+        int64_t n = tg_tensor_numel(t);
+        double out[80];
+        cr_assert(n <= 80);
+        cr_assert_eq(tg_tensor_copy_out(t, out, sizeof out), TG_OK);
+        for (int64_t i = 0; i < n; i++) {
+            double want;
+            cr_assert_eq(tg_tensor_get(t, i, &want), TG_OK);
+            cr_expect_eq(out[i], want, "view %zu [%lld]: %g, get %g", k, (long long)i, out[i],
+                         want);
+        }
+    }
+    tg_tensor *f = tg_cast(x, TG_F32);
+    float o32[20];
+    cr_assert_eq(tg_tensor_copy_out(tg_narrow(f, 1, 3, 1), o32, sizeof o32), TG_OK);
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 5; j++) cr_expect_eq(o32[i * 5 + j], (float)(i * 20 + 15 + j));
+    tg_scope_end();
+}
+
 Test(tensor, copy_out_of_a_contiguous_tensor_copies_row_major)
 {
     const float src[4] = {1.5f, 2.5f, 3.5f, 4.5f};

@@ -602,9 +602,24 @@ tg_status tg_tensor_copy_out(const tg_tensor *t, void *dst, size_t nbytes)
         if (need) memcpy(dst, tg__tensor_ptr(t), need);
         return TG_OK;
     }
+    if (!need) return TG_OK;
+    /* Runs of the innermost dims whose elements lie side by side (a dim of
+     * one element lies anywhere), one memcpy each, the outer dims counted
+     * off like an odometer. */
     const char *base = t->storage->data;
-    for (int64_t i = 0; i < t->numel; i++)
-        memcpy((char *)dst + (size_t)i * es, base + (size_t)offset_of(t, i) * es, es);
+    int k = t->ndim;
+    int64_t run = 1, idx[TG_MAX_DIMS] = {0}, off = t->offset;
+    while (k > 0 && (t->shape[k - 1] == 1 || t->strides[k - 1] == run)) run *= t->shape[--k];
+    size_t rb = (size_t)run * es;
+    for (int64_t o = 0, nrun = t->numel / run; o < nrun; o++) {
+        memcpy((char *)dst + (size_t)o * rb, base + (size_t)off * es, rb);
+        for (int d = k - 1; d >= 0; d--) {
+            off += t->strides[d];
+            if (++idx[d] < t->shape[d]) break;
+            off -= t->strides[d] * t->shape[d];
+            idx[d] = 0;
+        }
+    }
     return TG_OK;
 }
 
