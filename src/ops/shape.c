@@ -449,6 +449,24 @@ static tg_status narrow_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     int d = tg__dim_attr(ctx->attrs, xs->ndim);
     int64_t size = xs->shape[d], len = ctx->attrs->ints[2];
     int64_t start = ctx->attrs->ints[1] < 0 ? ctx->attrs->ints[1] + size : ctx->attrs->ints[1];
+    if (g->contiguous && !tg__records(g)) {
+        /* Into one buffer: per index of the dims before d, zeros, then
+         * that block of g, then zeros (the concat below, without its
+         * zero tensors). */
+        if (!(gin[0] = tg_op_ctx_new_grad(ctx, 0))) return tg_last_error();
+        size_t es = tg_dtype_size(g->dtype);
+        size_t inner = (size_t)tg__numel(xs->ndim - d - 1, xs->shape + d + 1) * es;
+        size_t blk = (size_t)size * inner, pre = (size_t)start * inner, mid = (size_t)len * inner;
+        int64_t outer = tg__numel(d, xs->shape);
+        char *rp = tg__tensor_ptr(gin[0]);
+        const char *gp = tg__tensor_ptr(g);
+        for (int64_t o = 0; o < outer; o++, rp += blk, gp += mid) {
+            memset(rp, 0, pre);
+            memcpy(rp + pre, gp, mid);
+            memset(rp + pre + mid, 0, blk - pre - mid);
+        }
+        return TG_OK;
+    }
     tg_tensor *parts[3];
     int n = 0;
     tg_spec z = *xs;
