@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -912,5 +913,245 @@ Test(nn_ops, lstm_cell_takes_an_unbatched_state)
     }
     free(a), free(b), free(p), free(q);
     tg_lstm_cell_free(cell);
+    tg_params_free(ps);
+}
+
+/* The lstm op through tg_lstm_layer against tg_lstm_cell stepped over the
+ * sequence with the same parameters: outputs, final state and the
+ * gradients of every parameter, x, h0 and c0 under a weighted loss, on
+ * both backends and dtypes, with given and zero initial states. The
+ * arithmetic is grouped differently (the biases are summed first, the
+ * input projection is one GEMM), so f64 agrees to rounding and f32 to its
+ * precision over the chain of steps. Unbatched input gives the batch of
+ * one's bits. */
+typedef struct seq_run {
+    tg_tensor *v[3]; /* out (T, B, H), h_n, c_n (B, H) */
+    double *g[7];    /* weight_ih, weight_hh, bias_ih, bias_hh, x, h0, c0 */
+    int64_t ng[7];
+} seq_run;
+
+enum { SEQ_CELL, SEQ_LAYER, SEQ_UNBATCHED };
+
+static void seq_run_model(int mode, tg_dtype dt, const int64_t *xs, int64_t H, bool zero_state,
+                          seq_run *r)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 21);
+    tg_params *ps = tg_params_new();
+    int64_t T = xs[0], B = xs[1], I = xs[2];
+    tg_lstm_layer *l = mode != SEQ_CELL ? tg_lstm_layer_new(ps, "rnn", I, H, dt, &rng) : NULL;
+    tg_lstm_cell *cell = mode == SEQ_CELL ? tg_lstm_cell_new(ps, "rnn", I, H, dt, &rng) : NULL;
+    cr_assert(l || cell, "%s", tg_last_error_message());
+    tg_tensor *x = tg_rand_uniform(&rng, dt, 3, xs, -1.5, 1.5);
+    tg_tensor *h0 = tg_rand_uniform(&rng, dt, 2, SHAPE(B, H), -1, 1);
+    tg_tensor *c0 = tg_rand_uniform(&rng, dt, 2, SHAPE(B, H), -1, 1);
+    tg_tensor *wo = tg_rand_uniform(&rng, dt, 3, SHAPE(T, B, H), -1, 1);
+    tg_tensor *wh = tg_rand_uniform(&rng, dt, 2, SHAPE(B, H), -1, 1);
+    tg_tensor *wc = tg_rand_uniform(&rng, dt, 2, SHAPE(B, H), -1, 1);
+    tg_tape *tape = tg_tape_new(NULL);
+    cr_assert_eq(tg_params_requires_grad(ps, tape), TG_OK);
+    tg_tensor *leaf[3] = {x, h0, c0};
+    for (int i = 0; i < 3; i++) cr_assert_eq(tg_requires_grad(tape, leaf[i]), TG_OK);
+    tg_tensor *out, *hn, *cn;
+    if (mode == SEQ_LAYER) {
+        cr_assert_eq(tg_lstm_layer_forward(l, x, zero_state ? NULL : h0, zero_state ? NULL : c0,
+                                           &out, &hn, &cn),
+                     TG_OK, "%s", tg_last_error_message());
+    } else if (mode == SEQ_UNBATCHED) {
+        cr_assert(B == 1 && !zero_state);
+        cr_assert_eq(tg_lstm_layer_forward(l, tg_reshape(x, 2, SHAPE(T, I)),
+                                           tg_reshape(h0, 1, &H), tg_reshape(c0, 1, &H), &out,
+                                           &hn, &cn),
+                     TG_OK, "%s", tg_last_error_message());
+        tu_expect_shape(out, 2, SHAPE(T, H));
+        tu_expect_shape(hn, 1, SHAPE(H));
+        tu_expect_shape(cn, 1, SHAPE(H));
+        out = tg_reshape(out, 3, SHAPE(T, 1, H));
+        hn = tg_reshape(hn, 2, SHAPE(1, H));
+        cn = tg_reshape(cn, 2, SHAPE(1, H));
+    } else {
+        tg_tensor *h = zero_state ? tg_zeros(dt, 2, SHAPE(B, H)) : h0;
+        tg_tensor *c = zero_state ? tg_zeros(dt, 2, SHAPE(B, H)) : c0;
+        tg_tensor *hs[8];
+        cr_assert(T <= 8);
+        for (int64_t t = 0; t < T; t++) {
+            tg_tensor *xt = tg_reshape(tg_narrow(x, 0, t, 1), 2, SHAPE(B, I));
+            cr_assert_eq(tg_lstm_cell_forward(cell, xt, h, c, &h, &c), TG_OK, "%s",
+                         tg_last_error_message());
+            hs[t] = tg_reshape(h, 3, SHAPE(1, B, H));
+        }
+        out = tg_concat((int)T, hs, 0);
+        hn = h;
+        cn = c;
+    }
+    tu_expect_shape(out, 3, SHAPE(T, B, H));
+    tg_tensor *loss = tg_add(tg_sum(tg_mul(out, wo)),
+                             tg_add(tg_sum(tg_mul(hn, wh)), tg_sum(tg_mul(cn, wc))));
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    tg_tensor *v[3] = {out, hn, cn};
+    for (int i = 0; i < 3; i++) r->v[i] = tg_tensor_retain(tg_contiguous(v[i]));
+    static const char *const pn[4] = {"rnn.weight_ih", "rnn.weight_hh", "rnn.bias_ih",
+                                      "rnn.bias_hh"};
+    for (int i = 0; i < 7; i++) {
+        r->g[i] = NULL;
+        r->ng[i] = 0;
+        if (zero_state && i >= 5) continue; /* h0 and c0 are not used */
+        tg_tensor *g = tg_grad(i < 4 ? tg_params_find(ps, pn[i]) : leaf[i - 4]);
+        cr_assert_not_null(g, "no gradient for #%d", i);
+        r->g[i] = tu_values(g);
+        r->ng[i] = tg_tensor_numel(g);
+    }
+    tg_tape_free(tape);
+    tg_lstm_layer_free(l);
+    tg_lstm_cell_free(cell);
+    tg_params_free(ps);
+}
+
+/* a against b: every value within tol relative (tol 0: bitwise); frees both. */
+static void seq_compare(seq_run *a, seq_run *b, double tol, const char *what)
+{
+    static const char *const vn[3] = {"out", "h_n", "c_n"};
+    static const char *const gn[7] = {"dW_ih", "dW_hh", "db_ih", "db_hh", "dx", "dh0", "dc0"};
+    for (int i = 0; i < 10; i++) {
+        double *p = i < 3 ? tu_values(a->v[i]) : a->g[i - 3];
+        double *q = i < 3 ? tu_values(b->v[i]) : b->g[i - 3];
+        int64_t n = i < 3 ? tg_tensor_numel(a->v[i]) : a->ng[i - 3];
+        cr_assert_eq(n, i < 3 ? tg_tensor_numel(b->v[i]) : b->ng[i - 3]);
+        for (int64_t e = 0; e < n; e++)
+            cr_expect(tol ? fabs(p[e] - q[e]) <= tol * fmax(1.0, fabs(q[e])) : p[e] == q[e],
+                      "%s: %s[%lld] %.17g against %.17g", what, i < 3 ? vn[i] : gn[i - 3],
+                      (long long)e, p[e], q[e]);
+        free(p);
+        free(q);
+        if (i < 3) {
+            tg_tensor_release(a->v[i]);
+            tg_tensor_release(b->v[i]);
+        }
+    }
+}
+
+Test(nn_ops, lstm_layer_equals_the_cell_stepped_over_the_sequence)
+{
+    static const struct { int64_t xs[3], H; bool zero; } cases[] = {
+        {{5, 3, 4}, 6, false}, {{4, 2, 3}, 5, true}, {{1, 3, 2}, 4, false}, {{6, 1, 3}, 3, false},
+        /* z of 64 x 4 x 128 values a step: 256 KiB in f64, a chunk of one
+         * step; in f32 a chunk of two and one of one (seq_chunk). */
+        {{3, 64, 5}, 128, false},
+    };
+    for (int bi = 0; bi < 2; bi++)
+        for (int di = 0; di < 2; di++)
+            for (int k = 0; k < 5; k++) {
+                tg_set_default_backend(backends[bi]);
+                tg_dtype dt = dtypes[di];
+                char what[96];
+                snprintf(what, sizeof what, "case %d, %s on %s", k, tg_dtype_name(dt),
+                         tg_backend_name(backends[bi]));
+                seq_run a, b;
+                seq_run_model(SEQ_LAYER, dt, cases[k].xs, cases[k].H, cases[k].zero, &a);
+                cr_assert_eq(tg_tensor_backend(a.v[0]), backends[bi]);
+                seq_run_model(SEQ_CELL, dt, cases[k].xs, cases[k].H, cases[k].zero, &b);
+                seq_compare(&a, &b, dt == TG_F32 ? 2e-5 : 1e-12, what);
+                if (cases[k].xs[1] == 1) {
+                    seq_run_model(SEQ_LAYER, dt, cases[k].xs, cases[k].H, false, &a);
+                    seq_run_model(SEQ_UNBATCHED, dt, cases[k].xs, cases[k].H, false, &b);
+                    strcat(what, ", unbatched");
+                    seq_compare(&b, &a, 0, what);
+                }
+            }
+}
+
+Test(nn_ops, lstm_rejects_bad_shapes_dtypes_and_nulls)
+{
+    /* T 3, B 2, I 4, H 5 */
+    tg_tensor *x = tg_zeros(TG_F64, 3, SHAPE(3, 2, 4)), *s = tg_zeros(TG_F64, 3, SHAPE(2, 2, 5));
+    tg_tensor *w = tg_zeros(TG_F64, 2, SHAPE(20, 9)), *b = tg_zeros(TG_F64, 1, SHAPE(20));
+    static const struct { int arg; const char *shape; } bad[] = {
+        {3, "[20,8]"}, {3, "[16,9]"}, {2, "[2,3,5]"}, {2, "[3,2,5]"}, {4, "[19]"}, {1, "[0,2,4]"},
+        {1, "[3]"},
+    };
+    tg_tensor *cases[][4] = {
+        {x, s, tg_zeros(TG_F64, 2, SHAPE(20, 8)), b},
+        {x, s, tg_zeros(TG_F64, 2, SHAPE(16, 9)), b},
+        {x, tg_zeros(TG_F64, 3, SHAPE(2, 3, 5)), w, b},
+        {x, tg_zeros(TG_F64, 3, SHAPE(3, 2, 5)), w, b},
+        {x, s, w, tg_zeros(TG_F64, 1, SHAPE(19))},
+        {tg_zeros(TG_F64, 3, SHAPE(0, 2, 4)), s, w, b},
+        {tg_zeros(TG_F64, 1, SHAPE(3)), s, w, b},
+    };
+    for (int k = 0; k < 7; k++) {
+        tg_error_clear();
+        cr_assert_null(tg_lstm(cases[k][0], cases[k][1], cases[k][2], cases[k][3]), "case %d", k);
+        cr_expect_eq(tg_last_error(), TG_ERR_SHAPE, "case %d: %s", k, tg_last_error_message());
+        char arg[8];
+        snprintf(arg, sizeof arg, "#%d", bad[k].arg);
+        cr_expect(strstr(tg_last_error_message(), "'lstm'") &&
+                      strstr(tg_last_error_message(), arg) &&
+                      strstr(tg_last_error_message(), bad[k].shape),
+                  "case %d: %s", k, tg_last_error_message());
+    }
+    tg_error_clear();
+    cr_assert_null(tg_lstm(x, s, tg_zeros(TG_F32, 2, SHAPE(20, 9)), b));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    cr_assert(strstr(tg_last_error_message(), "#3"), "%s", tg_last_error_message());
+    tg_error_clear();
+    cr_assert_null(tg_lstm(tg_zeros(TG_I64, 3, SHAPE(3, 2, 4)), s, w, b));
+    cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
+    for (int i = 0; i < 4; i++) {
+        tg_tensor *in[4] = {x, s, w, b};
+        in[i] = NULL;
+        tg_error_clear();
+        cr_assert_null(tg_lstm(in[0], in[1], in[2], in[3]));
+        cr_assert_eq(tg_last_error(), TG_ERR_NULL);
+    }
+    tg_error_clear();
+    /* The inputs stay usable: zeros give c = 0.5 c + 0.5 tanh(0) = 0, h = 0. */
+    tg_tensor *y = tg_lstm(x, s, w, b);
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    tu_expect_shape(y, 4, SHAPE(2, 3, 2, 5));
+    double *v = tu_values(y);
+    for (int e = 0; e < 60; e++) cr_expect_eq(v[e], 0.0);
+    free(v);
+}
+
+Test(nn_ops, lstm_layer_rejects_bad_arguments_and_stays_usable)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 5);
+    tg_params *ps = tg_params_new();
+    tg_lstm_layer *l = tg_lstm_layer_new(ps, "seq", 4, 3, TG_F32, &rng);
+    cr_assert_not_null(l, "%s", tg_last_error_message());
+    cr_assert_eq(tg_params_count(ps), 4);
+    cr_assert_null(tg_lstm_layer_new(ps, "bad", 0, 3, TG_F32, &rng));
+    cr_assert_eq(tg_last_error(), TG_ERR_INVALID);
+    tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 3, SHAPE(6, 2, 4), -1, 1);
+    tg_tensor *out = NULL, *hn = NULL, *cn = NULL;
+    cr_assert_eq(tg_lstm_layer_forward(NULL, x, NULL, NULL, &out, NULL, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_lstm_layer_forward(l, NULL, NULL, NULL, &out, NULL, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_lstm_layer_forward(l, x, NULL, NULL, NULL, NULL, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_lstm_layer_forward(l, tg_zeros(TG_F32, 1, SHAPE(4)), NULL, NULL, &out, NULL,
+                                       NULL),
+                 TG_ERR_SHAPE);
+    tg_tensor *h_bad = tg_zeros(TG_F32, 2, SHAPE(2, 4));
+    cr_assert_eq(tg_lstm_layer_forward(l, x, h_bad, NULL, &out, &hn, &cn), TG_ERR_SHAPE);
+    cr_assert(strstr(tg_last_error_message(), "h0") && strstr(tg_last_error_message(), "[2,4]"),
+              "%s", tg_last_error_message());
+    cr_assert(!out && !hn && !cn);
+    cr_assert_eq(tg_lstm_layer_forward(l, x, NULL, tg_zeros(TG_F32, 1, SHAPE(3)), &out, NULL,
+                                       NULL),
+                 TG_ERR_SHAPE);
+    cr_assert(strstr(tg_last_error_message(), "c0"), "%s", tg_last_error_message());
+    cr_assert_eq(tg_lstm_layer_forward(l, tg_zeros(TG_F64, 3, SHAPE(6, 2, 4)), NULL, NULL, &out,
+                                       NULL, NULL),
+                 TG_ERR_DTYPE);
+    cr_assert_null(out);
+    /* Then a good call, asking for the final state only. */
+    tg_error_clear();
+    cr_assert_eq(tg_lstm_layer_forward(l, x, NULL, NULL, NULL, &hn, &cn), TG_OK, "%s",
+                 tg_last_error_message());
+    tu_expect_shape(hn, 2, SHAPE(2, 3));
+    tu_expect_shape(cn, 2, SHAPE(2, 3));
+    cr_assert_eq(tg_lstm_layer_forward(l, x, hn, cn, &out, NULL, NULL), TG_OK);
+    tu_expect_shape(out, 3, SHAPE(6, 2, 3));
+    tg_lstm_layer_free(l);
     tg_params_free(ps);
 }

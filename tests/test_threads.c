@@ -10,7 +10,8 @@
 #include <tapegrad.h>
 #include <unistd.h>
 
-#include "core/pool.h" /* tg__pool_jobs: that the splits happened */
+#include "backend/kernels.h" /* tg__blas_set_threads */
+#include "core/pool.h"       /* tg__pool_jobs: that the splits happened */
 
 #define SHAPE(...) ((const int64_t[]){__VA_ARGS__})
 
@@ -361,6 +362,69 @@ Test(threads, lstm_gates_split_across_threads_matches_one_thread_bitwise)
     free(two);
     tg_tensor_release(z);
     tg_tensor_release(c);
+    tg_tensor_release(w);
+    cr_assert_eq(tg_set_num_threads(before), TG_OK);
+}
+
+/* The lstm op splits each step's gates across the pool in the same way:
+ * its output and the gradients of all four inputs are bitwise those of one
+ * thread. OpenBLAS stays on one thread (its own split of a GEMM may give
+ * other bits, api.md's Threads), so the pool's split is what differs. */
+static float *seq_run(int threads, tg_tensor *const *in, tg_tensor *w, size_t *n, bool *split)
+{
+    cr_assert_eq(tg_set_num_threads(threads), TG_OK);
+    tg__blas_set_threads(1);
+    tg_tape *tape = tg_tape_new(NULL);
+    for (int i = 0; i < 4; i++) cr_assert_eq(tg_requires_grad(tape, in[i]), TG_OK);
+    tg_scope_begin();
+    uint64_t jobs = tg__pool_jobs();
+    tg_tensor *y = tg_lstm(in[0], in[1], in[2], in[3]);
+    cr_assert_not_null(y, "%s", tg_last_error_message());
+    *split = tg__pool_jobs() > jobs;
+    cr_assert_eq(tg_backward(tg_sum(tg_mul(y, w))), TG_OK, "%s", tg_last_error_message());
+    tg_tensor *parts[5] = {y, tg_grad(in[0]), tg_grad(in[1]), tg_grad(in[2]), tg_grad(in[3])};
+    *n = 0;
+    for (int i = 0; i < 5; i++) *n += (size_t)tg_tensor_numel(parts[i]);
+    float *out = malloc(*n * sizeof *out), *p = out;
+    cr_assert_not_null(out);
+    for (int i = 0; i < 5; i++) {
+        size_t k = (size_t)tg_tensor_numel(parts[i]);
+        cr_assert_eq(tg_tensor_copy_out(parts[i], p, k * sizeof *p), TG_OK);
+        p += k;
+    }
+    tg_scope_end();
+    for (int i = 0; i < 4; i++) tg_grad_zero(in[i]);
+    tg_tape_free(tape);
+    return out;
+}
+
+Test(threads, lstm_split_across_threads_matches_one_thread_bitwise)
+{
+    int before = tg_num_threads();
+    tg_rng rng;
+    tg_rng_seed(&rng, 13);
+    /* T 2, B 512, I 4, H 512: each step's z is 4 MiB. */
+    tg_tensor *in[4] = {
+        tg_rand_uniform(&rng, TG_F32, 3, SHAPE(2, 512, 4), -1, 1),
+        tg_rand_uniform(&rng, TG_F32, 3, SHAPE(2, 512, 512), -1, 1),
+        tg_rand_uniform(&rng, TG_F32, 2, SHAPE(2048, 516), -0.05, 0.05),
+        tg_rand_uniform(&rng, TG_F32, 1, SHAPE(2048), -0.5, 0.5),
+    };
+    tg_tensor *w = tg_rand_uniform(&rng, TG_F32, 4, SHAPE(2, 2, 512, 512), -1, 1);
+    size_t n1, n2;
+    bool split1, split2;
+    float *one = seq_run(1, in, w, &n1, &split1);
+    float *two = seq_run(2, in, w, &n2, &split2);
+    cr_assert(!split1, "a split on 1 thread");
+    cr_assert(split2, "the forward was not split on 2 threads");
+    cr_assert_eq(n1, n2);
+    size_t first = 0;
+    while (first < n1 && one[first] == two[first]) first++;
+    cr_assert_eq(first, n1, "2 threads differ from 1 first at %zu of %zu: %.9g against %.9g",
+                 first, n1, first < n1 ? one[first] : 0.0, first < n1 ? two[first] : 0.0);
+    free(one);
+    free(two);
+    for (int i = 0; i < 4; i++) tg_tensor_release(in[i]);
     tg_tensor_release(w);
     cr_assert_eq(tg_set_num_threads(before), TG_OK);
 }

@@ -112,6 +112,22 @@ tg_status tg_lstm_cell_forward(const tg_lstm_cell *cell, tg_tensor *x, tg_tensor
                                tg_tensor **h_out, tg_tensor **c_out);
 void tg_lstm_cell_free(tg_lstm_cell *cell);
 
+/* ---- LSTM over a sequence (PyTorch's nn.LSTM, one layer, batch_first
+ * false): the LSTM cell's parameters (the same names, shapes, init and
+ * draws, so a cell and a layer of one name share parameter files) and one
+ * tg_lstm op (nn.h) for all T steps. x (T, B, in) or, unbatched, (T, in);
+ * h0 and c0 (B, hidden) / (hidden), or NULL for zeros. Sets, where not
+ * NULL, *out (T, B, hidden) to h_1..h_T and *h_n, *c_n (B, hidden) to the
+ * final state: views of the op's result (new references / scope-owned).
+ * TG_OK or the error, every asked output NULL on failure. */
+typedef struct tg_lstm_layer tg_lstm_layer;
+tg_lstm_layer *tg_lstm_layer_new(tg_params *ps, const char *name, int64_t in, int64_t hidden,
+                                 tg_dtype dtype, tg_rng *rng);
+tg_status tg_lstm_layer_forward(const tg_lstm_layer *l, tg_tensor *x, tg_tensor *h0,
+                                tg_tensor *c0, tg_tensor **out, tg_tensor **h_n,
+                                tg_tensor **c_n);
+void tg_lstm_layer_free(tg_lstm_layer *l);
+
 /* ---- Losses, reduced to a 0-d mean as PyTorch's reduction='mean'. */
 
 /* Cross-entropy of logits (N, C) against i64 targets (N). opts may be

@@ -63,6 +63,22 @@ tg_tensor *tg_avg_pool2d(tg_tensor *x, const tg_pool2d_opts *opts);
  * tg_lstm_cell_forward (layers.h) uses it. */
 tg_tensor *tg_lstm_gates(tg_tensor *z, tg_tensor *c);
 
+/* T steps of an LSTM as one op (lstm): x (T, ..., I) the inputs (the dims
+ * between T and I are the batch, B rows), s0 (2, ..., H) the initial state
+ * (s0[0] = h0, s0[1] = c0, the batch dims of x), w (4H, I + H) the weights
+ * [W_ih | W_hh] side by side (gates i, f, g, o along dim 0), b (4H) the
+ * bias (PyTorch's b_ih + b_hh), all of one floating dtype. Step t makes
+ * z_t = x_t W_ih^T + b + h_{t-1} W_hh^T, then h_t and c_t as
+ * tg_lstm_gates(z_t, c_{t-1}). Returns y (2, T, ..., H): y[0] holds h_1..h_T
+ * (the output sequence), y[1] c_1..c_T; the final state is y[:, T-1].
+ * One node where the cell's ops record eight a step: the input projections
+ * of all steps are one GEMM, and backward makes the gradients of w, b and x
+ * in one GEMM each over all T*B rows, leaving two GEMMs a step (h_{t-1}
+ * W_hh^T forward, its gradient backward). The node keeps x, s0, w, b, y and
+ * every z_t. Differentiable to any order. tg_lstm_layer_forward (layers.h)
+ * uses it. */
+tg_tensor *tg_lstm(tg_tensor *x, tg_tensor *s0, tg_tensor *w, tg_tensor *b);
+
 /* y = (x - mean) / sqrt(var + eps) * weight + bias, mean and biased var
  * over the last ndims dims of x (1 <= ndims <= ndim). weight and bias have
  * the shape of those dims, or are NULL (1 and 0). eps >= 0. */

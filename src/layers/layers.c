@@ -406,3 +406,96 @@ void tg_lstm_cell_free(tg_lstm_cell *cell)
 {
     free(cell);
 }
+
+/* ---- LSTM over a sequence: the cell's parameters, one lstm op. */
+struct tg_lstm_layer {
+    cell_params p;
+};
+
+tg_lstm_layer *tg_lstm_layer_new(tg_params *ps, const char *name, int64_t in, int64_t hidden,
+                                 tg_dtype dtype, tg_rng *rng)
+{
+    tg_lstm_layer *l = layer_alloc(sizeof *l);
+    if (!l) return NULL;
+    if (!cell_init(&l->p, ps, name, in, hidden, 4, dtype, rng)) {
+        free(l);
+        return NULL;
+    }
+    return l;
+}
+
+/* The initial h or c (argument #arg) as (1, batch..., H) of x's dtype and
+ * backend: v reshaped, or zeros for NULL; NULL after an error. */
+static tg_tensor *lstm_state(tg_tensor *v, tg_tensor *x, int64_t H, int arg)
+{
+    int nd = tg_tensor_ndim(x);
+    int64_t shape[TG_MAX_DIMS];
+    shape[0] = 1;
+    memcpy(shape + 1, tg_tensor_shape(x) + 1, (size_t)(nd - 2) * sizeof *shape);
+    shape[nd - 1] = H;
+    if (!v) return tg_to_device(tg_zeros(tg_tensor_dtype(x), nd, shape), tg_tensor_backend(x));
+    char s1[96], s2[96], s3[96];
+    if (tg_tensor_ndim(v) != nd - 1 ||
+        memcmp(tg_tensor_shape(v), shape + 1, (size_t)(nd - 1) * sizeof *shape)) {
+        tg_error_set(TG_ERR_SHAPE, "bad argument #%d to 'lstm_layer_forward' (%s %s; need %s "
+                                   "from inputs %s)", arg, arg == 3 ? "h0" : "c0",
+                     tg_shape_str(tg_tensor_ndim(v), tg_tensor_shape(v), s1, sizeof s1),
+                     tg_shape_str(nd - 1, shape + 1, s2, sizeof s2),
+                     tg_shape_str(nd, tg_tensor_shape(x), s3, sizeof s3));
+        return NULL;
+    }
+    return tg_reshape(v, nd, shape);
+}
+
+tg_status tg_lstm_layer_forward(const tg_lstm_layer *l, tg_tensor *x, tg_tensor *h0,
+                                tg_tensor *c0, tg_tensor **out, tg_tensor **h_n,
+                                tg_tensor **c_n)
+{
+    tg_tensor **res[3] = {out, h_n, c_n};
+    for (int i = 0; i < 3; i++)
+        if (res[i]) *res[i] = NULL;
+    if (!out && !h_n && !c_n)
+        return tg_error_set(TG_ERR_NULL, "bad argument to 'lstm_layer_forward' (no output "
+                                         "asked for: out, h_n and c_n all NULL)");
+    if (!l) return tg_error_set(TG_ERR_NULL, "bad argument #1 to 'lstm_layer_forward' (NULL "
+                                             "layer)");
+    if (!x) return tg_error_set(TG_ERR_NULL, "bad argument #2 to 'lstm_layer_forward' (NULL "
+                                             "inputs)");
+    int nd = tg_tensor_ndim(x);
+    if (nd < 2)
+        return tg_error_set(TG_ERR_SHAPE, "bad argument #2 to 'lstm_layer_forward' (%d dims; "
+                                          "need (T, B, in) or (T, in))", nd);
+    tg_scope_begin();
+    int64_t H = l->p.hidden, T = tg_tensor_shape(x)[0];
+    tg_tensor *st[2] = {lstm_state(h0, x, H, 3), NULL};
+    st[1] = st[0] ? lstm_state(c0, x, H, 4) : NULL;
+    tg_tensor *wp[2] = {l->p.wih, l->p.whh};
+    tg_tensor *y = st[1] ? tg_lstm(x, tg_concat(2, st, 0), tg_concat(2, wp, 1),
+                                   tg_add(l->p.bih, l->p.bhh))
+                         : NULL;
+    /* Views of y: the output sequence, and the final state through one
+     * narrow along T (so that backward pads one gradient to y's shape). */
+    tg_tensor *r[3] = {NULL, NULL, NULL};
+    const int64_t *ys = y ? tg_tensor_shape(y) : NULL;
+    if (y && out && !(r[0] = tg_reshape(tg_narrow(y, 0, 0, 1), nd, ys + 1))) y = NULL;
+    tg_tensor *fin = y && (h_n || c_n) ? tg_narrow(y, 1, T - 1, 1) : NULL;
+    for (int k = 0; k < 2 && y; k++)
+        if (res[k + 1] && !(r[k + 1] = tg_reshape(tg_narrow(fin, 0, k, 1), nd - 1, ys + 2)))
+            y = NULL;
+    if (!y) {
+        tg_status e = tg_last_error();
+        tg_scope_end();
+        return e ? e : TG_ERR_INTERNAL;
+    }
+    for (int i = 0; i < 3; i++)
+        if (res[i]) tg_scope_keep(r[i]);
+    tg_scope_end();
+    for (int i = 0; i < 3; i++)
+        if (res[i]) *res[i] = tg__scope_track(r[i]);
+    return TG_OK;
+}
+
+void tg_lstm_layer_free(tg_lstm_layer *l)
+{
+    free(l);
+}

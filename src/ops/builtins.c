@@ -41,6 +41,7 @@
     X(dropout)                                                                      \
     /* recurrent.c */                                                               \
     X(lstm_gates)                                                                   \
+    X(lstm)                                                                         \
     /* fused.c */                                                                   \
     X(fused_pointwise_1) X(fused_pointwise_2) X(fused_pointwise_3)               \
     X(fused_sum_1) X(fused_sum_2) X(fused_sum_3)
