@@ -28,8 +28,9 @@ void bench_cli_usage(FILE *f, const char *prog)
                "               resident bytes per op (--quick: up to 10^4)\n");
     fprintf(f, "  replay       (alone) a step recorded again against tg_tape_replay of one\n"
                "               record, on the chain, tiny and mlp: ns per step and per op\n");
-    fprintf(f, "  dp           (alone) data-parallel train steps of the mlp and the lstm on 1..N\n"
-               "               worker threads (--workers N, default 2), samples/s and ratios;\n"
+    fprintf(f, "  dp           (alone) data-parallel train steps of the mlp and the lstm (cell\n"
+               "               by cell, and as one lstm op) on 1..N worker threads (--workers N,\n"
+               "               default 2), samples/s and ratios;\n"
                "               with --mpi, under mpirun, across the MPI ranks against one\n"
                "               process, with the all-reduce time and the overlap fraction\n");
     fprintf(f, "options:\n"

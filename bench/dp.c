@@ -1,5 +1,6 @@
 /* dp.c - `tapegrad bench dp`: data-parallel training throughput on worker
- * threads (tg_replicas), in samples per second, for the mlp and the lstm.
+ * threads (tg_replicas), in samples per second, for the mlp and the lstm
+ * (cell by cell, and as the layer: one lstm op for the sequence).
  * Each round times, interleaved:
  *   plain    one tape, tg_backward, 1 thread (the ordinary loop)
  *   1w       tg_replicas_step with 1 worker, 1 thread
@@ -36,12 +37,17 @@ typedef struct dp_model {
     tg_params *ps;
     tg_linear *fc[3];
     tg_lstm_cell *cell;
+    tg_lstm_layer *seq;
     tg_tensor *x, *y; /* y: labels (mlp) or NULL */
 } dp_model;
 
 /* mlp: the suite's 784-512-512-10 ReLU MLP, batch 128, cross-entropy.
  * lstm: the suite's cell 32 -> 128 over 32 steps, batch 32, x stored
- * (B, T*I) so the batch is dim 0; loss mean(h^2 + c^2) / 2. */
+ * (B, T*I) so the batch is dim 0; loss mean(h^2 + c^2) / 2.
+ * lstm-seq: the same model as tg_lstm_layer (the same parameters and
+ * draws), all 32 steps one lstm op on x seen as (T, B, I). */
+enum { DP_MLP, DP_LSTM, DP_LSTM_SEQ };
+
 #define DP_T 32
 #define DP_I 32
 #define DP_H 128
@@ -50,6 +56,12 @@ static tg_tensor *dp_loss(void *ud, const tg_replica_info *info, int n, tg_tenso
 {
     const dp_model *m = ud;
     (void)n;
+    if (m->seq) {
+        tg_tensor *x = tg_reshape(in[0], 3, (int64_t[]){info->rows, DP_T, DP_I}), *h, *c;
+        if (tg_lstm_layer_forward(m->seq, tg_transpose(x, 0, 1), NULL, NULL, NULL, &h, &c))
+            return NULL;
+        return tg_mul_scalar(tg_add(tg_mean(tg_mul(h, h)), tg_mean(tg_mul(c, c))), 0.5);
+    }
     if (!m->cell) {
         tg_tensor *h = tg_relu(tg_linear_forward(m->fc[0], in[0]));
         h = tg_relu(tg_linear_forward(m->fc[1], h));
@@ -69,19 +81,20 @@ static void dp_model_free(dp_model *m)
 {
     for (int i = 0; i < 3; i++) tg_linear_free(m->fc[i]);
     tg_lstm_cell_free(m->cell);
+    tg_lstm_layer_free(m->seq);
     tg_tensor_release(m->x);
     tg_tensor_release(m->y);
     tg_params_free(m->ps);
 }
 
-static int dp_model_new(dp_model *m, bool lstm, int64_t batch, char *err, size_t errlen)
+static int dp_model_new(dp_model *m, int kind, int64_t batch, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     tg_rng rng;
     tg_rng_seed(&rng, 77);
     m->ps = tg_params_new();
     bool ok = m->ps != NULL;
-    if (!lstm) {
+    if (kind == DP_MLP) {
         m->name = "mlp";
         m->desc = "784-512-512-10 ReLU, cross-entropy";
         m->batch = BENCH_MLP_BATCH;
@@ -96,10 +109,15 @@ static int dp_model_new(dp_model *m, bool lstm, int64_t batch, char *err, size_t
         if (ok) ok = u && (m->y = tg_cast(u, TG_I64));
         tg_tensor_release(u);
     } else {
-        m->name = "lstm";
-        m->desc = "LSTM cell 32->128, 32 steps, mean(h^2+c^2)/2";
+        bool seq = kind == DP_LSTM_SEQ;
+        m->name = seq ? "lstm-seq" : "lstm";
+        m->desc = seq ? "LSTM layer 32->128 (one lstm op), 32 steps, mean(h^2+c^2)/2"
+                      : "LSTM cell 32->128, 32 steps, mean(h^2+c^2)/2";
         m->batch = batch;
-        ok = ok && (m->cell = tg_lstm_cell_new(m->ps, "lstm", DP_I, DP_H, TG_F32, &rng));
+        if (seq)
+            ok = ok && (m->seq = tg_lstm_layer_new(m->ps, "lstm", DP_I, DP_H, TG_F32, &rng));
+        else
+            ok = ok && (m->cell = tg_lstm_cell_new(m->ps, "lstm", DP_I, DP_H, TG_F32, &rng));
         if (ok)
             ok = (m->x = tg_rand_normal(&rng, TG_F32, 2, (int64_t[]){m->batch, DP_T * DP_I}, 0, 1));
     }
@@ -258,7 +276,7 @@ static int dp_sample(void *ctx, int v, long reps)
 /* The trainers of the `N apart` variant: n copies of the model (the same
  * seed, so the same parameters), each with the rows a worker of n would
  * get, and the threads of trainers 1..n-1. */
-static int dp_trainers_new(dp_ctx *c, bool lstm, int n)
+static int dp_trainers_new(dp_ctx *c, int kind, int n)
 {
     dp_apart *a = &c->apart_sync;
     pthread_mutex_init(&a->mu, NULL);
@@ -271,7 +289,7 @@ static int dp_trainers_new(dp_ctx *c, bool lstm, int n)
     for (int k = 0; k < n; k++) {
         dp_trainer *t = &c->tr[k];
         t->set = a;
-        if (dp_model_new(&t->m, lstm, c->m.batch, err, sizeof err)) return -1;
+        if (dp_model_new(&t->m, kind, c->m.batch, err, sizeof err)) return -1;
         int64_t r0 = c->m.batch * k / n;
         t->rows = c->m.batch * (k + 1) / n - r0;
         t->opt = tg_optim_new(t->m.ps, &(tg_optim_opts){.kind = TG_OPTIM_SGD, .lr = 1e-6});
@@ -437,14 +455,14 @@ static float *dp_grad(dp_ctx *c, int v, int64_t *n)
     return out;
 }
 
-static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
+static int dp_run(int kind, int64_t batch, int max_workers, bool quick)
 {
     dp_ctx c = {0};
     char err[512] = "";
     int rc = 1;
     int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (ncpu < 1) ncpu = 1;
-    if (dp_model_new(&c.m, lstm, batch, err, sizeof err)) {
+    if (dp_model_new(&c.m, kind, batch, err, sizeof err)) {
         fprintf(stderr, "tapegrad bench dp: %s\n", err);
         return 1;
     }
@@ -459,7 +477,7 @@ static int dp_run(bool lstm, int64_t batch, int max_workers, bool quick)
         c.workers[c.nvar] = w, c.threads[c.nvar++] = 1;
     if (max_workers > 1) {
         c.apart[c.nvar] = true, c.workers[c.nvar] = max_workers, c.threads[c.nvar++] = 1;
-        ok = ok && !dp_trainers_new(&c, lstm, max_workers);
+        ok = ok && !dp_trainers_new(&c, kind, max_workers);
     }
     for (int v = 0; v < c.nvar && ok; v++)
         if (!c.plain[v] && !c.apart[v])
@@ -602,10 +620,13 @@ int bench_dp_cli(const bench_opts *o, int max_workers)
            "backward, reduce, SGD step; median over interleaved rounds; ratios are the\n"
            "throughput against 1 worker on 1 thread in the same rounds%s\n\n",
            o->quick ? " (quick: not a measurement)" : "");
-    /* The lstm at the suite's batch of 32, and at 128, where each worker's
-     * ops have four times the rows over the same fixed cost per op. */
-    int failed = dp_run(false, BENCH_MLP_BATCH, max_workers, o->quick) +
-                 dp_run(true, 32, max_workers, o->quick) + dp_run(true, 128, max_workers, o->quick);
+    /* The lstm (cell by cell, and as one lstm op) at the suite's batch of
+     * 32, and at 128, where each worker's ops have four times the rows over
+     * the same fixed cost per op. */
+    int failed = dp_run(DP_MLP, BENCH_MLP_BATCH, max_workers, o->quick);
+    for (int b = 32; b <= 128; b *= 4)
+        failed += dp_run(DP_LSTM, b, max_workers, o->quick) +
+                  dp_run(DP_LSTM_SEQ, b, max_workers, o->quick);
     tg_set_num_threads(prev);
     return failed ? 1 : 0;
 }
@@ -704,12 +725,12 @@ static float *dpm_grad(dpm_ctx *c, int v, int64_t *n)
     return out;
 }
 
-static int dpm_run(bool lstm, int64_t batch, bool quick, int rank, int size)
+static int dpm_run(int kind, int64_t batch, bool quick, int rank, int size)
 {
     dpm_ctx c = {.rank = rank, .size = size};
     char err[512] = "";
     int rc = 1, bad = 0;
-    if (dp_model_new(&c.m, lstm, batch, err, sizeof err)) {
+    if (dp_model_new(&c.m, kind, batch, err, sizeof err)) {
         fprintf(stderr, "tapegrad bench dp --mpi: rank %d: %s\n", rank, err);
         bad = 1;
     }
@@ -832,9 +853,10 @@ int bench_dp_mpi_cli(const bench_opts *o)
                size, size > 1 ? "s" : "", o->quick ? " (quick: not a measurement)" : "");
         fflush(stdout);
     }
-    int failed = dpm_run(false, BENCH_MLP_BATCH, o->quick, rank, size) +
-                 dpm_run(true, 32, o->quick, rank, size) +
-                 dpm_run(true, 128, o->quick, rank, size);
+    int failed = dpm_run(DP_MLP, BENCH_MLP_BATCH, o->quick, rank, size);
+    for (int b = 32; b <= 128; b *= 4)
+        failed += dpm_run(DP_LSTM, b, o->quick, rank, size) +
+                  dpm_run(DP_LSTM_SEQ, b, o->quick, rank, size);
     tg_set_num_threads(prev);
     if (!inited) MPI_Finalize();
     return failed ? 1 : 0;

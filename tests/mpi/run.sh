@@ -122,7 +122,7 @@ if [ -n "$cli" ]; then
     out=$(ASAN_OPTIONS=$cli_asan timeout 300 "${mpi[@]}" -np 2 "$cli" bench dp --mpi --quick 2>&1)
     rc=$?
     echo "$out"
-    if [ $rc -ne 0 ] || [ "$(grep -c 'overlap [0-9]*%' <<<"$out")" != 3 ]; then
+    if [ $rc -ne 0 ] || [ "$(grep -c 'overlap [0-9]*%' <<<"$out")" != 5 ]; then
         echo "FAIL: bench dp --mpi (exit $rc)"
         status=1
     fi
