@@ -467,10 +467,12 @@ Test(replicas, gradients_accumulate_and_a_small_batch_idles_workers)
 }
 
 /* An LSTM over a short sequence: x (rows, T, in), loss = mean of the last
- * hidden state's squares. */
+ * hidden state's squares; the cell in a loop, or the layer (one lstm op
+ * on x seen as (T, rows, in)). */
 typedef struct {
     tg_params *ps;
     tg_lstm_cell *cell;
+    tg_lstm_layer *layer;
 } lstm_model;
 
 static tg_tensor *lstm_loss(void *ud, const tg_replica_info *info, int n, tg_tensor *const *in)
@@ -479,6 +481,12 @@ static tg_tensor *lstm_loss(void *ud, const tg_replica_info *info, int n, tg_ten
     (void)n;
     int64_t rows = info->rows, steps = tg_tensor_dim(in[0], 1);
     tg_tensor *h = tg_zeros(TG_F64, 2, SHAPE(rows, 6)), *c = tg_zeros(TG_F64, 2, SHAPE(rows, 6));
+    if (m->layer) {
+        if (tg_lstm_layer_forward(m->layer, tg_transpose(in[0], 0, 1), NULL, NULL, NULL, &h,
+                                  NULL))
+            return NULL;
+        return tg_mean(tg_mul(h, h));
+    }
     for (int64_t t = 0; t < steps; t++) {
         tg_tensor *xt = tg_reshape(tg_narrow(in[0], 1, t, 1), 2, SHAPE(rows, 3));
         if (tg_lstm_cell_forward(m->cell, xt, h, c, &h, &c)) return NULL;
@@ -486,14 +494,17 @@ static tg_tensor *lstm_loss(void *ud, const tg_replica_info *info, int n, tg_ten
     return tg_mean(tg_mul(h, h));
 }
 
-Test(replicas, lstm_gradients_match_the_whole_batch)
+static void check_lstm_replicas(bool layer)
 {
     tg_rng rng;
     tg_rng_seed(&rng, 11);
     lstm_model m = {.ps = tg_params_new()};
-    m.cell = tg_lstm_cell_new(m.ps, "cell", 3, 6, TG_F64, &rng);
+    if (layer)
+        m.layer = tg_lstm_layer_new(m.ps, "cell", 3, 6, TG_F64, &rng);
+    else
+        m.cell = tg_lstm_cell_new(m.ps, "cell", 3, 6, TG_F64, &rng);
     tg_tensor *x = tg_rand_normal(&rng, TG_F64, 3, SHAPE(10, 5, 3), 0, 1);
-    cr_assert(m.cell && x);
+    cr_assert((m.cell || m.layer) && x);
     tg_tape *tape = tg_tape_new(NULL);
     tg_params_requires_grad(m.ps, tape);
     tg_scope_begin();
@@ -504,20 +515,41 @@ Test(replicas, lstm_gradients_match_the_whole_batch)
     tg_params_zero_grad(m.ps);
     tg_tape_free(tape);
     tg_replicas *r = tg_replicas_new(m.ps, &(tg_replicas_opts){.workers = 2});
-    cr_assert_eq(tg_replicas_step(r, 1, &x, lstm_loss, &m, NULL), TG_OK, "%s",
-                 tg_last_error_message());
-    tg_tensor *flat = tg_params_flat_grad(m.ps, TG_F64);
-    double *got = tu_values(flat);
-    for (int64_t i = 0; i < tg_tensor_numel(flat); i++)
-        cr_assert(fabs(got[i] - want[i]) <= 1e-12, "element %lld: %g vs %g", (long long)i, got[i],
-                  want[i]);
-    free(got);
+    double *first = NULL;
+    for (int rep = 0; rep < 2; rep++) {
+        tg_params_zero_grad(m.ps); /* a step adds to the gradients */
+        cr_assert_eq(tg_replicas_step(r, 1, &x, lstm_loss, &m, NULL), TG_OK, "%s",
+                     tg_last_error_message());
+        tg_tensor *flat = tg_params_flat_grad(m.ps, TG_F64);
+        double *got = tu_values(flat);
+        for (int64_t i = 0; i < tg_tensor_numel(flat); i++) {
+            cr_assert(fabs(got[i] - want[i]) <= 1e-12, "element %lld: %g vs %g", (long long)i,
+                      got[i], want[i]);
+            if (first)
+                cr_assert(got[i] == first[i], "element %lld: %.17g, then %.17g", (long long)i,
+                          first[i], got[i]);
+        }
+        tg_tensor_release(flat);
+        if (first) free(got);
+        else first = got;
+    }
+    free(first);
     free(want);
-    tg_tensor_release(flat);
     tg_tensor_release(x);
     tg_replicas_free(r);
     tg_lstm_cell_free(m.cell);
+    tg_lstm_layer_free(m.layer);
     tg_params_free(m.ps);
+}
+
+Test(replicas, lstm_gradients_match_the_whole_batch)
+{
+    check_lstm_replicas(false);
+}
+
+Test(replicas, lstm_layer_gradients_match_the_whole_batch_and_repeat_bitwise)
+{
+    check_lstm_replicas(true);
 }
 
 static tg_tensor *fails_on_worker_1(void *ud, const tg_replica_info *info, int n,
