@@ -328,6 +328,20 @@ static bool cell_init(cell_params *c, tg_params *ps, const char *name, int64_t i
     return uniform(c->bhh, rng, k);
 }
 
+/* A recurrent layer object of size bytes whose first member is its
+ * cell_params (the cells and the LSTM layer), its parameters added and
+ * drawn; NULL (error set) on failure. */
+static void *cell_new(size_t size, tg_params *ps, const char *name, int64_t in, int64_t hidden,
+                      int gates, tg_dtype dt, tg_rng *rng)
+{
+    cell_params *c = layer_alloc(size);
+    if (c && !cell_init(c, ps, name, in, hidden, gates, dt, rng)) {
+        free(c);
+        return NULL;
+    }
+    return c;
+}
+
 static tg_tensor *cell_preact(const cell_params *c, tg_tensor *x, tg_tensor *h)
 {
     return tg_add(linear_map(x, c->wih, c->bih), linear_map(h, c->whh, c->bhh));
@@ -340,13 +354,7 @@ struct tg_rnn_cell {
 tg_rnn_cell *tg_rnn_cell_new(tg_params *ps, const char *name, int64_t in, int64_t hidden,
                              tg_dtype dtype, tg_rng *rng)
 {
-    tg_rnn_cell *c = layer_alloc(sizeof *c);
-    if (!c) return NULL;
-    if (!cell_init(&c->p, ps, name, in, hidden, 1, dtype, rng)) {
-        free(c);
-        return NULL;
-    }
-    return c;
+    return cell_new(sizeof(tg_rnn_cell), ps, name, in, hidden, 1, dtype, rng);
 }
 
 tg_tensor *tg_rnn_cell_forward(const tg_rnn_cell *cell, tg_tensor *x, tg_tensor *h)
@@ -371,13 +379,7 @@ struct tg_lstm_cell {
 tg_lstm_cell *tg_lstm_cell_new(tg_params *ps, const char *name, int64_t in, int64_t hidden,
                                tg_dtype dtype, tg_rng *rng)
 {
-    tg_lstm_cell *c = layer_alloc(sizeof *c);
-    if (!c) return NULL;
-    if (!cell_init(&c->p, ps, name, in, hidden, 4, dtype, rng)) {
-        free(c);
-        return NULL;
-    }
-    return c;
+    return cell_new(sizeof(tg_lstm_cell), ps, name, in, hidden, 4, dtype, rng);
 }
 
 tg_status tg_lstm_cell_forward(const tg_lstm_cell *cell, tg_tensor *x, tg_tensor *h, tg_tensor *c,
@@ -415,13 +417,7 @@ struct tg_lstm_layer {
 tg_lstm_layer *tg_lstm_layer_new(tg_params *ps, const char *name, int64_t in, int64_t hidden,
                                  tg_dtype dtype, tg_rng *rng)
 {
-    tg_lstm_layer *l = layer_alloc(sizeof *l);
-    if (!l) return NULL;
-    if (!cell_init(&l->p, ps, name, in, hidden, 4, dtype, rng)) {
-        free(l);
-        return NULL;
-    }
-    return l;
+    return cell_new(sizeof(tg_lstm_layer), ps, name, in, hidden, 4, dtype, rng);
 }
 
 /* The initial h or c (argument #arg) as (1, batch..., H) of x's dtype and
