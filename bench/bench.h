@@ -180,9 +180,10 @@ typedef struct bench_workload {
 extern const bench_workload bench_wl_tiny, bench_wl_chain, bench_wl_elementwise, bench_wl_fused,
     bench_wl_rnn;
 extern const bench_workload bench_wl_mlp, bench_wl_conv, bench_wl_deep;
-/* bench_policies' two that are not in the suite: a wide Linear stack
- * whose activations outweigh its weights, and an LSTM. */
-extern const bench_workload bench_wl_wide, bench_wl_lstm;
+/* bench_policies' three that are not in the suite: a wide Linear stack
+ * whose activations outweigh its weights, and an LSTM, by the cell and as
+ * the layer. */
+extern const bench_workload bench_wl_wide, bench_wl_lstm, bench_wl_lstm_seq;
 
 /* Every workload in the suite's order; NULL-terminated. The suite and
  * bench_fingerprint run these; bench_workload_find knows these only. */

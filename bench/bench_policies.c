@@ -10,11 +10,13 @@
  *   deep:        16 x (Linear 1024 + ReLU), batch 256, f32, mean loss
  *   wide:        16 x (Linear 256 + ReLU), batch 2048, f32, mean loss
  *   lstm:        LSTM cell, input 32, hidden 128, batch 32, 32 steps
+ *   lstm-seq:    the same LSTM as tg_lstm_layer (one lstm op for the steps)
  * Policies: none, balanced, budget (half of NONE's saved peak, or the least
  * multiple of 1/32 of it above that BUDGET fits), segments
  * (tg_checkpoint_sequential, sqrt(n) groups, the last a shorter unsegmented
  * tail; the elementwise chain as one segment). Before timing, every
- * policy's gradients are compared with NONE's and must be bitwise equal.
+ * policy's gradients are compared with NONE's and must be bitwise equal,
+ * and the loss under NONE with the workload's plain-C reference.
  * Usage: bench_policies [--quick] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +25,10 @@
 #include "bench.h"
 
 enum { NONE = BENCH_POLICY_NONE, NPOL = BENCH_POLICY_BINOMIAL + 1 };
-enum { NWL = 4 };
+enum { NWL = 5 };
 static const bench_workload *const workloads[NWL] = {&bench_wl_elementwise, &bench_wl_deep,
-                                                     &bench_wl_wide, &bench_wl_lstm};
+                                                     &bench_wl_wide, &bench_wl_lstm,
+                                                     &bench_wl_lstm_seq};
 
 typedef struct {
     bench_session s; /* no optimizer: its flat gradient buffer would change the peaks */
@@ -104,8 +107,8 @@ enum { MAX_RUNS = 101 };
 
 int main(int argc, char **argv)
 {
-    /* [--quick] [WORKLOAD...]: all four workloads unless some are named */
-    bool quick = false, want[NWL] = {false, false, false, false}, any = false;
+    /* [--quick] [WORKLOAD...]: all five workloads unless some are named */
+    bool quick = false, want[NWL] = {false}, any = false;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick")) {
             quick = true;
@@ -114,7 +117,8 @@ int main(int argc, char **argv)
         int k = 0;
         while (k < NWL && strcmp(argv[a], workloads[k]->name)) k++;
         if (k == NWL) {
-            fprintf(stderr, "usage: bench_policies [--quick] [elementwise|deep|wide|lstm ...]\n");
+            fprintf(stderr, "usage: bench_policies [--quick] "
+                            "[elementwise|deep|wide|lstm|lstm-seq ...]\n");
             return 2;
         }
         want[k] = any = true;
@@ -135,6 +139,12 @@ int main(int argc, char **argv)
         char err[512];
         if (bench_session_open(&c.s, workloads[k], NULL, err, sizeof err)) {
             fprintf(stderr, "bench_policies: %s: %s\n", name, err);
+            return 1;
+        }
+        /* The loss against the workload's plain-C reference, and repeatable. */
+        bench_result chk = {.wl = workloads[k]};
+        if (bench_session_check(&c.s, &chk)) {
+            fprintf(stderr, "bench_policies: %s: %s\n", name, chk.error);
             return 1;
         }
         size_t saved[NPOL], mem[NPOL];

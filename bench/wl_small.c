@@ -680,7 +680,9 @@ const bench_workload bench_wl_rnn = {
 typedef struct {
     tg_params *ps;
     tg_lstm_cell *cell;
+    tg_lstm_layer *layer;  /* lstm-seq: instead of the cell */
     tg_tensor *xs[LSTM_T]; /* (B, I) */
+    tg_tensor *x;          /* lstm-seq: the xs as one (T, B, I) */
     tg_tensor *hc0;        /* (B, 2H) zeros */
 } lstm_st;
 
@@ -691,27 +693,41 @@ static void lstm_teardown(void *p)
     for (int t = 0; t < LSTM_T; t++)
         tg_tensor_release(s->xs[t]);
     tg_tensor_release(s->hc0);
+    tg_tensor_release(s->x);
+    tg_lstm_layer_free(s->layer);
     tg_lstm_cell_free(s->cell);
     tg_params_free(s->ps);
     free(s);
 }
 
-static void *lstm_setup(char *err, size_t errlen)
+/* The cell, or for lstm-seq the layer (the same parameters: they draw
+ * alike), and the same inputs. */
+static void *lstm_setup_as(bool layer, char *err, size_t errlen)
 {
     lstm_st *s = calloc(1, sizeof *s);
     tg_rng rng;
     if (!s) return bench_setup_failed(err, errlen, "lstm setup");
     s->ps = new_params(&rng, 8);
-    s->cell = s->ps ? tg_lstm_cell_new(s->ps, "lstm", LSTM_I, LSTM_H, TG_F32, &rng) : NULL;
-    bool ok = s->cell != NULL;
+    if (s->ps && layer) s->layer = tg_lstm_layer_new(s->ps, "lstm", LSTM_I, LSTM_H, TG_F32, &rng);
+    if (s->ps && !layer) s->cell = tg_lstm_cell_new(s->ps, "lstm", LSTM_I, LSTM_H, TG_F32, &rng);
+    bool ok = s->cell || s->layer;
     for (int t = 0; t < LSTM_T && ok; t++)
         ok = (s->xs[t] = tg_rand_normal(&rng, TG_F32, 2, SHAPE(LSTM_B, LSTM_I), 0, 1)) != NULL;
     if (ok) ok = (s->hc0 = tg_zeros(TG_F32, 2, SHAPE(LSTM_B, 2 * LSTM_H))) != NULL;
+    if (ok && layer) ok = (s->x = tg_zeros(TG_F32, 3, SHAPE(LSTM_T, LSTM_B, LSTM_I))) != NULL;
+    for (int t = 0; t < LSTM_T && ok && layer; t++)
+        memcpy((float *)tg_tensor_data(s->x) + (size_t)t * LSTM_B * LSTM_I,
+               tg_tensor_data(s->xs[t]), sizeof(float) * LSTM_B * LSTM_I);
     if (!ok) {
         lstm_teardown(s);
         return bench_setup_failed(err, errlen, "lstm setup");
     }
     return s;
+}
+
+static void *lstm_setup(char *err, size_t errlen)
+{
+    return lstm_setup_as(false, err, errlen);
 }
 
 static tg_params *lstm_params(void *p)
@@ -807,6 +823,52 @@ out:
     free(x);
     return rc;
 }
+
+/* ---- lstm-seq: lstm's model as tg_lstm_layer, its 32 steps one lstm
+ * op on the inputs as (T, B, I); the loss and the plain-C check are
+ * lstm's. Being one node, under segments it is checkpointed whole (one
+ * tg_checkpoint segment), as the elementwise chain is. */
+static void *lstm_seq_setup(char *err, size_t errlen)
+{
+    return lstm_setup_as(true, err, errlen);
+}
+
+static tg_tensor *lstm_seq_whole(void *p, int part, tg_tensor *x)
+{
+    lstm_st *s = p;
+    (void)part;
+    tg_tensor *hc[2];
+    if (tg_lstm_layer_forward(s->layer, x, NULL, NULL, NULL, &hc[0], &hc[1])) return NULL;
+    tg_tensor *both = tg_concat(2, hc, 1);
+    return tg_mean(tg_mul(both, both));
+}
+
+static tg_tensor *lstm_seq_forward(void *p, tg_tape *tape, int segments)
+{
+    lstm_st *s = p;
+    return segments ? tg_checkpoint(tape, lstm_seq_whole, s, s->x) : lstm_seq_whole(s, 0, s->x);
+}
+
+/* Lean is the forward itself: the op keeps what it needs, and the views,
+ * states and weights around it are what it saves. */
+static tg_tensor *lstm_seq_forward_lean(void *p, tg_tape *tape, int segments, tg_tensor **owned)
+{
+    *owned = NULL;
+    return lstm_seq_forward(p, tape, segments);
+}
+
+const bench_workload bench_wl_lstm_seq = {
+    .name = "lstm-seq",
+    .desc = "LSTM layer (one lstm op), input 32, hidden 128, batch 32, 32 steps, mean of h^2 "
+            "and c^2",
+    .check_tol = 1e-4,
+    .setup = lstm_seq_setup,
+    .params = lstm_params,
+    .forward = lstm_seq_forward,
+    .reference = lstm_reference,
+    .forward_lean = lstm_seq_forward_lean,
+    .teardown = lstm_teardown,
+};
 
 const bench_workload bench_wl_lstm = {
     .name = "lstm",
