@@ -930,7 +930,7 @@ typedef struct seq_run {
     int64_t ng[7];
 } seq_run;
 
-enum { SEQ_CELL, SEQ_LAYER, SEQ_UNBATCHED };
+enum { SEQ_CELL, SEQ_LAYER, SEQ_UNBATCHED, SEQ_REMAKE };
 
 static void seq_run_model(int mode, tg_dtype dt, const int64_t *xs, int64_t H, bool zero_state,
                           seq_run *r)
@@ -940,6 +940,8 @@ static void seq_run_model(int mode, tg_dtype dt, const int64_t *xs, int64_t H, b
     tg_params *ps = tg_params_new();
     int64_t T = xs[0], B = xs[1], I = xs[2];
     tg_lstm_layer *l = mode != SEQ_CELL ? tg_lstm_layer_new(ps, "rnn", I, H, dt, &rng) : NULL;
+    if (mode == SEQ_REMAKE)
+        cr_assert_eq(tg_lstm_layer_set_opts(l, &(tg_lstm_opts){.remake_gates = true}), TG_OK);
     tg_lstm_cell *cell = mode == SEQ_CELL ? tg_lstm_cell_new(ps, "rnn", I, H, dt, &rng) : NULL;
     cr_assert(l || cell, "%s", tg_last_error_message());
     tg_tensor *x = tg_rand_uniform(&rng, dt, 3, xs, -1.5, 1.5);
@@ -953,7 +955,7 @@ static void seq_run_model(int mode, tg_dtype dt, const int64_t *xs, int64_t H, b
     tg_tensor *leaf[3] = {x, h0, c0};
     for (int i = 0; i < 3; i++) cr_assert_eq(tg_requires_grad(tape, leaf[i]), TG_OK);
     tg_tensor *out, *hn, *cn;
-    if (mode == SEQ_LAYER) {
+    if (mode == SEQ_LAYER || mode == SEQ_REMAKE) {
         cr_assert_eq(tg_lstm_layer_forward(l, x, zero_state ? NULL : h0, zero_state ? NULL : c0,
                                            &out, &hn, &cn),
                      TG_OK, "%s", tg_last_error_message());
@@ -1051,6 +1053,15 @@ Test(nn_ops, lstm_layer_equals_the_cell_stepped_over_the_sequence)
                 cr_assert_eq(tg_tensor_backend(a.v[0]), backends[bi]);
                 seq_run_model(SEQ_CELL, dt, cases[k].xs, cases[k].H, cases[k].zero, &b);
                 seq_compare(&a, &b, dt == TG_F32 ? 2e-5 : 1e-12, what);
+                /* Gate rows made again in backward: the same forward; the
+                 * gradients the same on ref (its GEMM sums each element
+                 * alone), to rounding on cpu (a GEMM over a chunk's rows
+                 * may round a row otherwise than one over a step's). */
+                seq_run_model(SEQ_LAYER, dt, cases[k].xs, cases[k].H, cases[k].zero, &a);
+                seq_run_model(SEQ_REMAKE, dt, cases[k].xs, cases[k].H, cases[k].zero, &b);
+                char remade[128];
+                snprintf(remade, sizeof remade, "%s, gates made again", what);
+                seq_compare(&b, &a, bi == 0 ? 0 : dt == TG_F32 ? 1e-5 : 1e-13, remade);
                 if (cases[k].xs[1] == 1) {
                     seq_run_model(SEQ_LAYER, dt, cases[k].xs, cases[k].H, false, &a);
                     seq_run_model(SEQ_UNBATCHED, dt, cases[k].xs, cases[k].H, false, &b);
@@ -1080,7 +1091,8 @@ Test(nn_ops, lstm_rejects_bad_shapes_dtypes_and_nulls)
     };
     for (int k = 0; k < 7; k++) {
         tg_error_clear();
-        cr_assert_null(tg_lstm(cases[k][0], cases[k][1], cases[k][2], cases[k][3]), "case %d", k);
+        cr_assert_null(tg_lstm(cases[k][0], cases[k][1], cases[k][2], cases[k][3], NULL),
+                       "case %d", k);
         cr_expect_eq(tg_last_error(), TG_ERR_SHAPE, "case %d: %s", k, tg_last_error_message());
         char arg[8];
         snprintf(arg, sizeof arg, "#%d", bad[k].arg);
@@ -1090,22 +1102,22 @@ Test(nn_ops, lstm_rejects_bad_shapes_dtypes_and_nulls)
                   "case %d: %s", k, tg_last_error_message());
     }
     tg_error_clear();
-    cr_assert_null(tg_lstm(x, s, tg_zeros(TG_F32, 2, SHAPE(20, 9)), b));
+    cr_assert_null(tg_lstm(x, s, tg_zeros(TG_F32, 2, SHAPE(20, 9)), b, NULL));
     cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
     cr_assert(strstr(tg_last_error_message(), "#3"), "%s", tg_last_error_message());
     tg_error_clear();
-    cr_assert_null(tg_lstm(tg_zeros(TG_I64, 3, SHAPE(3, 2, 4)), s, w, b));
+    cr_assert_null(tg_lstm(tg_zeros(TG_I64, 3, SHAPE(3, 2, 4)), s, w, b, NULL));
     cr_assert_eq(tg_last_error(), TG_ERR_DTYPE);
     for (int i = 0; i < 4; i++) {
         tg_tensor *in[4] = {x, s, w, b};
         in[i] = NULL;
         tg_error_clear();
-        cr_assert_null(tg_lstm(in[0], in[1], in[2], in[3]));
+        cr_assert_null(tg_lstm(in[0], in[1], in[2], in[3], NULL));
         cr_assert_eq(tg_last_error(), TG_ERR_NULL);
     }
     tg_error_clear();
     /* The inputs stay usable: zeros give c = 0.5 c + 0.5 tanh(0) = 0, h = 0. */
-    tg_tensor *y = tg_lstm(x, s, w, b);
+    tg_tensor *y = tg_lstm(x, s, w, b, NULL);
     cr_assert_not_null(y, "%s", tg_last_error_message());
     tu_expect_shape(y, 4, SHAPE(2, 3, 2, 5));
     double *v = tu_values(y);
@@ -1154,4 +1166,34 @@ Test(nn_ops, lstm_layer_rejects_bad_arguments_and_stays_usable)
     tu_expect_shape(out, 3, SHAPE(6, 2, 3));
     tg_lstm_layer_free(l);
     tg_params_free(ps);
+}
+
+/* With remake_gates the node keeps no gate rows: the tape's saved bytes
+ * drop by exactly T*B*4H values, and the step gives the same loss. */
+Test(nn_ops, lstm_remaking_the_gates_keeps_no_gate_rows)
+{
+    const int64_t T = 6, B = 4, I = 3, H = 5;
+    size_t saved[2];
+    double loss[2];
+    for (int remake = 0; remake < 2; remake++) {
+        tg_rng rng;
+        tg_rng_seed(&rng, 9);
+        tg_tensor *in[4] = {tg_rand_uniform(&rng, TG_F64, 3, SHAPE(T, B, I), -1, 1),
+                            tg_rand_uniform(&rng, TG_F64, 3, SHAPE(2, B, H), -1, 1),
+                            tg_rand_uniform(&rng, TG_F64, 2, SHAPE(4 * H, I + H), -1, 1),
+                            tg_rand_uniform(&rng, TG_F64, 1, SHAPE(4 * H), -1, 1)};
+        tg_tape *tape = tg_tape_new(NULL);
+        for (int i = 0; i < 4; i++) cr_assert_eq(tg_requires_grad(tape, in[i]), TG_OK);
+        tg_lstm_opts o = {.remake_gates = remake};
+        tg_tensor *y = tg_lstm(in[0], in[1], in[2], in[3], &o);
+        cr_assert_not_null(y, "%s", tg_last_error_message());
+        saved[remake] = tg_tape_saved_peak_bytes(tape);
+        tg_tensor *l = tg_sum(tg_mul(y, y));
+        cr_assert_eq(tg_tensor_item(l, &loss[remake]), TG_OK);
+        cr_assert_eq(tg_backward(l), TG_OK, "%s", tg_last_error_message());
+        tg_tape_free(tape);
+    }
+    cr_expect_eq(saved[0] - saved[1], (size_t)(T * B * 4 * H) * sizeof(double),
+                 "saved %zu kept, %zu remade", saved[0], saved[1]);
+    cr_expect_eq(loss[0], loss[1]);
 }

@@ -667,16 +667,20 @@ Test(replay, conv2d_relu_replays_bitwise_balanced)
     check_conv_relu_replay(TG_CHECKPOINT_BALANCED);
 }
 
-/* The lstm op (one node with an extra saved tensor, its gate rows) replays
- * bitwise: loss and the gradients of s0, w and b on new inputs, against a
- * fresh recording of each, with and without a recomputing policy. */
+/* The lstm op (one node with an extra saved tensor, its gate rows, or
+ * none with remake_gates) replays bitwise: loss and the gradients of s0, w
+ * and b on new inputs, against a fresh recording of each, with and without
+ * a recomputing policy. */
+static tg_lstm_opts seq_opts;
+
 static tg_tensor *seq_loss(tg_tensor *x, tg_tensor *const *p, tg_tensor *wy)
 {
-    return tg_sum(tg_mul(tg_lstm(x, p[0], p[1], p[2]), wy));
+    return tg_sum(tg_mul(tg_lstm(x, p[0], p[1], p[2], &seq_opts), wy));
 }
 
-static void check_lstm_replay(tg_checkpoint_policy policy)
+static void check_lstm_replay(tg_checkpoint_policy policy, bool remake)
 {
+    seq_opts.remake_gates = remake;
     size_t mem0 = tg_mem_current_bytes();
     tg_scope_begin();
     tg_rng r;
@@ -727,10 +731,15 @@ static void check_lstm_replay(tg_checkpoint_policy policy)
 
 Test(replay, lstm_replays_bitwise_none)
 {
-    check_lstm_replay(TG_CHECKPOINT_NONE);
+    check_lstm_replay(TG_CHECKPOINT_NONE, false);
 }
 
 Test(replay, lstm_replays_bitwise_balanced)
 {
-    check_lstm_replay(TG_CHECKPOINT_BALANCED);
+    check_lstm_replay(TG_CHECKPOINT_BALANCED, false);
+}
+
+Test(replay, lstm_remaking_its_gates_replays_bitwise)
+{
+    check_lstm_replay(TG_CHECKPOINT_NONE, true);
 }

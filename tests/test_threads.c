@@ -378,7 +378,7 @@ static float *seq_run(int threads, tg_tensor *const *in, tg_tensor *w, size_t *n
     for (int i = 0; i < 4; i++) cr_assert_eq(tg_requires_grad(tape, in[i]), TG_OK);
     tg_scope_begin();
     uint64_t jobs = tg__pool_jobs();
-    tg_tensor *y = tg_lstm(in[0], in[1], in[2], in[3]);
+    tg_tensor *y = tg_lstm(in[0], in[1], in[2], in[3], NULL);
     cr_assert_not_null(y, "%s", tg_last_error_message());
     *split = tg__pool_jobs() > jobs;
     cr_assert_eq(tg_backward(tg_sum(tg_mul(y, w))), TG_OK, "%s", tg_last_error_message());

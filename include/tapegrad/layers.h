@@ -126,6 +126,9 @@ tg_lstm_layer *tg_lstm_layer_new(tg_params *ps, const char *name, int64_t in, in
 tg_status tg_lstm_layer_forward(const tg_lstm_layer *l, tg_tensor *x, tg_tensor *h0,
                                 tg_tensor *c0, tg_tensor **out, tg_tensor **h_n,
                                 tg_tensor **c_n);
+/* The tg_lstm options its forwards pass (NULL: the defaults, which a new
+ * layer has). TG_ERR_NULL for a NULL layer. */
+tg_status tg_lstm_layer_set_opts(tg_lstm_layer *l, const tg_lstm_opts *opts);
 void tg_lstm_layer_free(tg_lstm_layer *l);
 
 /* ---- Losses, reduced to a 0-d mean as PyTorch's reduction='mean'. */

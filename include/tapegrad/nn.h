@@ -75,9 +75,16 @@ tg_tensor *tg_lstm_gates(tg_tensor *z, tg_tensor *c);
  * of all steps are one GEMM, and backward makes the gradients of w, b and x
  * in one GEMM each over all T*B rows, leaving two GEMMs a step (h_{t-1}
  * W_hh^T forward, its gradient backward). The node keeps x, s0, w, b, y and
- * every z_t. Differentiable to any order. tg_lstm_layer_forward (layers.h)
- * uses it. */
-tg_tensor *tg_lstm(tg_tensor *x, tg_tensor *s0, tg_tensor *w, tg_tensor *b);
+ * every z_t (6H + I values a row and step), or with opts->remake_gates all
+ * but the z_t (2H + I): backward then makes each chunk's z rows again from
+ * x, w and the h_{t-1} in y, one GEMM per weight over the chunk (about a
+ * third more GEMM work, in large GEMMs). opts may be NULL (keep them).
+ * Differentiable to any order. tg_lstm_layer_forward (layers.h) uses it. */
+typedef struct tg_lstm_opts {
+    bool remake_gates;
+} tg_lstm_opts;
+tg_tensor *tg_lstm(tg_tensor *x, tg_tensor *s0, tg_tensor *w, tg_tensor *b,
+                   const tg_lstm_opts *opts);
 
 /* y = (x - mean) / sqrt(var + eps) * weight + bias, mean and biased var
  * over the last ndims dims of x (1 <= ndims <= ndim). weight and bias have

@@ -412,6 +412,7 @@ void tg_lstm_cell_free(tg_lstm_cell *cell)
 /* ---- LSTM over a sequence: the cell's parameters, one lstm op. */
 struct tg_lstm_layer {
     cell_params p;
+    tg_lstm_opts opts;
 };
 
 tg_lstm_layer *tg_lstm_layer_new(tg_params *ps, const char *name, int64_t in, int64_t hidden,
@@ -467,7 +468,7 @@ tg_status tg_lstm_layer_forward(const tg_lstm_layer *l, tg_tensor *x, tg_tensor 
     st[1] = st[0] ? lstm_state(c0, x, H, 4) : NULL;
     tg_tensor *wp[2] = {l->p.wih, l->p.whh};
     tg_tensor *y = st[1] ? tg_lstm(x, tg_concat(2, st, 0), tg_concat(2, wp, 1),
-                                   tg_add(l->p.bih, l->p.bhh))
+                                   tg_add(l->p.bih, l->p.bhh), &l->opts)
                          : NULL;
     /* Views of y: the output sequence, and the final state through one
      * narrow along T (so that backward pads one gradient to y's shape). */
@@ -488,6 +489,15 @@ tg_status tg_lstm_layer_forward(const tg_lstm_layer *l, tg_tensor *x, tg_tensor 
     tg_scope_end();
     for (int i = 0; i < 3; i++)
         if (res[i]) *res[i] = tg__scope_track(r[i]);
+    return TG_OK;
+}
+
+tg_status tg_lstm_layer_set_opts(tg_lstm_layer *l, const tg_lstm_opts *opts)
+{
+    if (!l)
+        return tg_error_set(TG_ERR_NULL, "bad argument #1 to 'lstm_layer_set_opts' (NULL "
+                                         "layer)");
+    l->opts = opts ? *opts : (tg_lstm_opts){0};
     return TG_OK;
 }
 

@@ -416,14 +416,41 @@ static int64_t seq_chunk(int64_t T, int64_t B, int64_t G, size_t es)
     return n < 1 ? 1 : n > T ? T : n;
 }
 
+/* z rows of the chunk [t0, t0 + n) into zc: b, plus x W_ih^T over the
+ * chunk's rows; with hprev (backward, recomputing the gates: every h_{t-1}
+ * is known from y), plus h_{t-1} W_hh^T over the same rows too. */
+static void seq_chunk_z(tg_gemm_fn gemm, const seq_dims *d, size_t es, int64_t t0, int64_t n,
+                        const char *x, const char *w, const char *b, const char *s0,
+                        const char *y0, bool hprev, char *zc)
+{
+    int64_t B = d->B, I = d->I, H = d->H, G = 4 * H, rows = n * B;
+    for (int64_t r = 0; r < rows; r++) memcpy(zc + (size_t)(r * G) * es, b, (size_t)G * es);
+    gemm(false, true, rows, G, I, x + (size_t)(t0 * B * I) * es, I, w, I + H, 1.0, zc, G);
+    if (!hprev) return;
+    const char *whh = w + (size_t)I * es;
+    if (t0 > 0) {
+        gemm(false, true, rows, G, H, y0 + (size_t)((t0 - 1) * B * H) * es, H, whh, I + H, 1.0,
+             zc, G);
+        return;
+    }
+    gemm(false, true, B, G, H, s0, H, whh, I + H, 1.0, zc, G);
+    if (n > 1)
+        gemm(false, true, rows - B, G, H, y0, H, whh, I + H, 1.0, zc + (size_t)(B * G) * es, G);
+}
+
 static tg_tensor *seq_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     const tg_tensor *x = in[0], *s = in[1], *w = in[2], *b = in[3];
     seq_dims d = seq_dims_of(&ctx->in_spec[0], &ctx->in_spec[1]);
     int64_t T = d.T, B = d.B, I = d.I, H = d.H, G = 4 * H;
     size_t es = tg_dtype_size(x->dtype), hb = (size_t)(B * H) * es;
+    int64_t chunk = seq_chunk(T, B, G, es);
+    /* Z whole where the node keeps it, else one chunk's rows at a time. */
+    bool keep = ctx->needs && !ctx->attrs->flag;
+    int64_t zsteps = keep ? T : chunk;
     tg_tensor *y = tg_op_ctx_new_output(ctx);
-    tg_tensor *Z = y ? tg__tensor_empty(x->dtype, 3, (int64_t[]){T, B, G}, x->backend) : NULL;
+    tg_tensor *Z = y ? tg__tensor_empty(x->dtype, 3, (int64_t[]){zsteps, B, G}, x->backend)
+                     : NULL;
     if (!Z) {
         tg_tensor_release(y);
         return NULL;
@@ -441,17 +468,14 @@ static tg_tensor *seq_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     const char *s0 = tg__tensor_ptr(s), *wp = tg__tensor_ptr(w);
     /* A chunk of steps at a time: z = b + x W_ih^T for its rows, then step
      * by step z_t += h_{t-1} W_hh^T and the gates. */
-    int64_t chunk = seq_chunk(T, B, G, es);
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         int64_t n = T - t0 < chunk ? T - t0 : chunk;
-        char *zc = zp + (size_t)(t0 * B * G) * es;
-        for (int64_t r = 0; r < n * B; r++)
-            memcpy(zc + (size_t)(r * G) * es, tg__tensor_ptr(b), (size_t)G * es);
-        gemm(false, true, n * B, G, I, (const char *)tg__tensor_ptr(x) + (size_t)(t0 * B * I) * es,
-             I, wp, I + H, 1.0, zc, G);
+        char *zc = keep ? zp + (size_t)(t0 * B * G) * es : zp;
+        seq_chunk_z(gemm, &d, es, t0, n, tg__tensor_ptr(x), wp, tg__tensor_ptr(b), s0, y0, false,
+                    zc);
         for (int64_t t = t0; t < t0 + n; t++) {
             const char *hp = t ? y0 + (size_t)(t - 1) * hb : s0;
-            char *zt = zp + (size_t)(t * B * G) * es;
+            char *zt = zc + (size_t)((t - t0) * B * G) * es;
             gemm(false, true, B, G, H, hp, H, wp + (size_t)I * es, I + H, 1.0, zt, G);
             j.z = zt;
             j.c = t ? y1 + (size_t)(t - 1) * hb : s0 + hb;
@@ -461,8 +485,7 @@ static tg_tensor *seq_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         }
     }
     free(j.scratch);
-    /* Only a call that will be differentiated keeps Z. */
-    if (ctx->needs && tg_op_ctx_save(ctx, Z) < 0) {
+    if (keep && tg_op_ctx_save(ctx, Z) < 0) {
         tg__err(TG_ERR_INTERNAL, "'%s' could not keep its gates for backward", ctx->op->name);
         tg_tensor_release(y);
         y = NULL;
@@ -613,8 +636,12 @@ static tg_status seq_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     for (int i = 0; i < 4; i++) rec |= tg__records(in[i] = tg_op_ctx_input(ctx, i));
     if (rec) return seq_bwd_ops(ctx, in, g, gin);
     tg_tensor *x = in[0], *s = in[1], *w = in[2];
-    tg_tensor *y = tg_op_ctx_output(ctx), *Z = tg_op_ctx_saved(ctx, 0);
-    if (!y || !Z)
+    /* Z: the gate rows forward kept; NULL where it keeps none (the flag):
+     * then each chunk's rows are made again, every h_{t-1} being in y, in
+     * one GEMM per weight over the chunk's rows. */
+    bool remake = ctx->attrs->flag != 0;
+    tg_tensor *y = tg_op_ctx_output(ctx), *Z = remake ? NULL : tg_op_ctx_saved(ctx, 0);
+    if (!y || (!remake && !Z) || (remake && !tg_op_ctx_input(ctx, 3)))
         return tg__err(TG_ERR_INTERNAL, "'%s': backward without its saved values", ctx->op->name);
     seq_dims d = seq_dims_of(&ctx->in_spec[0], &ctx->in_spec[1]);
     int64_t T = d.T, B = d.B, I = d.I, H = d.H, G = 4 * H;
@@ -625,7 +652,8 @@ static tg_status seq_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         if (tg_op_ctx_needs_grad(ctx, i) && !(gin[i] = tg_op_ctx_new_grad(ctx, i)))
             return tg_last_error();
     int64_t chunk = seq_chunk(T, B, G, es);
-    char *buf = malloc((size_t)chunk * zb + 2 * hb + (size_t)G * es);
+    size_t zcb = remake ? (size_t)chunk * zb : 0;
+    char *buf = malloc((size_t)chunk * zb + zcb + 2 * hb + (size_t)G * es);
     gates_job j = {.k = gates_kernels(x), .f64 = f64, .B = B, .H = H, .row = 6 * H};
     int parts = buf ? gates_begin(ctx->op, &j, x->backend) : 0;
     if (!parts) {
@@ -633,7 +661,9 @@ static tg_status seq_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
         return tg__err(TG_ERR_NOMEM, "'%s': out of memory for its backward", ctx->op->name);
     }
     tg_gemm_fn gemm = TG_KERNEL(tg_gemm_fn, TG_K_GEMM, x);
-    const char *g0 = tg__tensor_ptr(g), *g1 = g0 + (size_t)T * hb, *zp = tg__tensor_ptr(Z);
+    char *zre = buf + (size_t)chunk * zb + 2 * hb + (size_t)G * es;
+    const char *g0 = tg__tensor_ptr(g), *g1 = g0 + (size_t)T * hb;
+    const char *zp = remake ? zre : tg__tensor_ptr(Z);
     const char *y1 = (const char *)tg__tensor_ptr(y) + (size_t)T * hb, *s0 = tg__tensor_ptr(s);
     const char *whh = (const char *)tg__tensor_ptr(w) + (size_t)I * es;
     char *dzc = buf, *hbuf = buf + (size_t)chunk * zb, *cbuf = hbuf + hb;
@@ -650,9 +680,12 @@ static tg_status seq_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
     /* The chunks of forward, last first; in each, the steps last first. */
     for (int64_t t0 = (T - 1) / chunk * chunk; t0 >= 0; t0 -= chunk) {
         int64_t n = T - t0 < chunk ? T - t0 : chunk;
+        if (remake)
+            seq_chunk_z(gemm, &d, es, t0, n, q.x, q.w, tg__tensor_ptr(tg_op_ctx_input(ctx, 3)),
+                        s0, q.y0, true, zre);
         for (int64_t t = t0 + n - 1; t >= t0; t--) {
             char *dzt = dzc + (size_t)(t - t0) * zb;
-            j.z = zp + (size_t)t * zb;
+            j.z = remake ? zre + (size_t)(t - t0) * zb : zp + (size_t)t * zb;
             j.c = t ? y1 + (size_t)(t - 1) * hb : s0 + hb;
             j.out = dzt;
             j.out2 = t ? cbuf : (ns ? gs + hb : NULL);
@@ -676,14 +709,17 @@ static tg_status seq_bwd(tg_op_ctx *ctx, tg_tensor *g, tg_tensor **gin)
 }
 
 /* Cases: a few steps of a small batch; unbatched, width 1; one step; two
- * batch dims. */
+ * batch dims; then the first and the last with the gate rows made again
+ * in backward (the flag). */
 static int seq_sample(int k, tg_rng *rng, tg_tensor **in, tg_op_attrs *a)
 {
     static const struct { int nd; int64_t T, b[2], I, H; } c[] = {
         {3, 3, {2, 1}, 2, 2}, {2, 2, {1, 1}, 3, 1}, {3, 1, {2, 1}, 3, 2}, {4, 2, {2, 1}, 2, 3},
     };
-    (void)a;
-    if (k >= 4) return 0;
+    if (k >= 6) return 0;
+    a->flag = k >= 4;
+    if (k == 5) k = 3;
+    if (k == 4) k = 0;
     int nd = c[k].nd;
     int64_t xs[4] = {c[k].T}, ss[4] = {2};
     for (int i = 1; i < nd - 1; i++) xs[i] = ss[i] = c[k].b[i - 1];
@@ -708,7 +744,8 @@ const tg_op tg__op_lstm = {
     .sample = seq_sample,
 };
 
-tg_tensor *tg_lstm(tg_tensor *x, tg_tensor *s0, tg_tensor *w, tg_tensor *b)
+tg_tensor *tg_lstm(tg_tensor *x, tg_tensor *s0, tg_tensor *w, tg_tensor *b,
+                   const tg_lstm_opts *opts)
 {
     tg_tensor *in[4] = {x, s0, w, b};
     for (int i = 0; i < 4; i++)
@@ -716,5 +753,6 @@ tg_tensor *tg_lstm(tg_tensor *x, tg_tensor *s0, tg_tensor *w, tg_tensor *b)
             tg__err_null("lstm", i + 1);
             return NULL;
         }
-    return tg_op_call(&tg__op_lstm, 4, in, NULL);
+    tg_op_attrs a = {.flag = opts && opts->remake_gates};
+    return tg_op_call(&tg__op_lstm, 4, in, &a);
 }
