@@ -6,6 +6,8 @@
  *   sgemm   the layer's GEMMs alone as raw OpenBLAS calls (the input
  *           projection, T recurrent products, T gradients of h, the two
  *           weight gradients over all T*B rows): the floor of its GEMM work
+ *   remake  the layer with remake_gates: backward makes the gate rows
+ *           again instead of keeping them (less memory, more GEMM work)
  *
  * One training step each: zero_grad, forward from h0 = c0 = 0, loss
  * mean(h_T^2 + c_T^2) / 2, backward. Rounds interleave the three; the
@@ -58,14 +60,17 @@ static void lmodel_free(lmodel *m)
     tg_params_free(m->ps);
 }
 
-/* Both models draw the same parameters and inputs (seed 5). */
-static int lmodel_new(lmodel *m, const lcfg *k, bool layer)
+/* Every model draws the same parameters and inputs (seed 5); remake: the
+ * layer with remake_gates. */
+static int lmodel_new(lmodel *m, const lcfg *k, bool layer, bool remake)
 {
     memset(m, 0, sizeof *m);
     tg_rng rng;
     tg_rng_seed(&rng, 5);
     m->ps = tg_params_new();
     if (m->ps && layer) m->layer = tg_lstm_layer_new(m->ps, "lstm", k->I, k->H, TG_F32, &rng);
+    if (m->layer && remake)
+        tg_lstm_layer_set_opts(m->layer, &(tg_lstm_opts){.remake_gates = true});
     if (m->ps && !layer) m->cell = tg_lstm_cell_new(m->ps, "lstm", k->I, k->H, TG_F32, &rng);
     if (m->layer || m->cell)
         m->x = tg_rand_normal(&rng, TG_F32, 3, (int64_t[]){k->T, k->B, k->I}, 0, 1);
@@ -159,14 +164,15 @@ static int check(lmodel *ml, lmodel *mc, const lcfg *k, double *dloss, double *d
     return 0;
 }
 
-/* ns per step of `reps` steps of v: 0 layer, 1 cell, 2 raw GEMMs. */
-static double sample(int v, lmodel *ml, lmodel *mc, const lraw *r, const lcfg *k, long reps)
+/* ns per step of `reps` steps of v: 0 layer, 1 cell, 2 raw GEMMs, 3 the
+ * layer remaking its gates. */
+static double sample(int v, lmodel *const *m, const lraw *r, const lcfg *k, long reps)
 {
     double t0 = bench_now_ns();
     for (long i = 0; i < reps; i++) {
         if (v == 2)
             lraw_step(r, k);
-        else if (lmodel_step(v == 0 ? ml : mc, k, NULL))
+        else if (lmodel_step(m[v], k, NULL))
             return -1;
     }
     return (bench_now_ns() - t0) / (double)reps;
@@ -183,11 +189,17 @@ static double step_peak(lmodel *m, const lcfg *k)
 
 static int run(const lcfg *k, int rounds)
 {
-    lmodel ml, mc;
+    lmodel ml, mc, mr;
+    lmodel *m[4] = {&ml, &mc, NULL, &mr};
     lraw r = {0};
-    if (lmodel_new(&ml, k, true)) return 1;
-    if (lmodel_new(&mc, k, false)) {
+    if (lmodel_new(&ml, k, true, false)) return 1;
+    if (lmodel_new(&mc, k, false, false)) {
         lmodel_free(&ml);
+        return 1;
+    }
+    if (lmodel_new(&mr, k, true, true)) {
+        lmodel_free(&ml);
+        lmodel_free(&mc);
         return 1;
     }
     int rc = 1;
@@ -197,30 +209,33 @@ static int run(const lcfg *k, int rounds)
         goto out;
     }
     /* Reps for about 25 ms a sample, from one warm step of the cell. */
-    double one = sample(1, &ml, &mc, &r, k, 1);
+    double one = sample(1, m, &r, k, 1);
     long reps = one > 0 ? (long)(25e6 / one) : 1;
     if (reps < 1) reps = 1;
-    double t[3][MAX_ROUNDS], q[2][MAX_ROUNDS], qc[MAX_ROUNDS];
+    double t[4][MAX_ROUNDS], q[2][MAX_ROUNDS], qc[MAX_ROUNDS], qr[MAX_ROUNDS];
     for (int i = 0; i < rounds; i++) {
-        for (int v = 0; v < 3; v++)
-            if ((t[v][i] = sample(v, &ml, &mc, &r, k, reps)) < 0) goto out;
+        for (int v = 0; v < 4; v++)
+            if ((t[v][i] = sample(v, m, &r, k, reps)) < 0) goto out;
         q[0][i] = t[0][i] / t[2][i];
         q[1][i] = t[1][i] / t[2][i];
         qc[i] = t[0][i] / t[1][i];
+        qr[i] = t[3][i] / t[0][i];
     }
-    double pl = step_peak(&ml, k), pc = step_peak(&mc, k);
-    bench_stat s[3], r0 = bench_stat_of(q[0], rounds), r1 = bench_stat_of(q[1], rounds);
-    bench_stat rc2 = bench_stat_of(qc, rounds);
-    for (int v = 0; v < 3; v++) s[v] = bench_stat_of(t[v], rounds);
+    double pl = step_peak(&ml, k), pc = step_peak(&mc, k), pr = step_peak(&mr, k);
+    bench_stat s[4], r0 = bench_stat_of(q[0], rounds), r1 = bench_stat_of(q[1], rounds);
+    bench_stat rc2 = bench_stat_of(qc, rounds), rr = bench_stat_of(qr, rounds);
+    for (int v = 0; v < 4; v++) s[v] = bench_stat_of(t[v], rounds);
     printf("T %2d B %3d I %3d H %3d | %8.3f %8.3f %8.3f | %5.2fx %5.2fx | %5.3f (%5.3f-%5.3f) | "
-           "%6.2f %6.2f | %.1e %.1e\n",
+           "%6.2f %6.2f | %8.3f %5.3f %6.2f | %.1e %.1e\n",
            k->T, k->B, k->I, k->H, s[0].median / 1e6, s[1].median / 1e6, s[2].median / 1e6,
-           r0.median, r1.median, rc2.median, rc2.min, rc2.max, pl, pc, dloss, dgrad);
+           r0.median, r1.median, rc2.median, rc2.min, rc2.max, pl, pc, s[3].median / 1e6,
+           rr.median, pr, dloss, dgrad);
     rc = 0;
 out:
     lraw_free(&r);
     lmodel_free(&ml);
     lmodel_free(&mc);
+    lmodel_free(&mr);
     return rc;
 }
 
@@ -252,10 +267,12 @@ int main(int argc, char **argv)
            "layer's GEMMs alone\n"
            "ratios: against sgemm in the same round; layer/cell per round, median (range); "
            "peak: tensor MB of a step;\n"
+           "remake: the layer with remake_gates, its ms, its ratio to the layer and its peak;\n"
            "check: layer against cell, relative loss and worst gradient differences\n\n",
            rounds);
-    printf("%-24s| %8s %8s %8s | %6s %6s | %-19s | %6s %6s | check\n", "shape", "layer", "cell",
-           "sgemm", "layer", "cell", "layer/cell", "layer", "cell");
+    printf("%-24s| %8s %8s %8s | %6s %6s | %-19s | %6s %6s | %-21s | check\n", "shape", "layer",
+           "cell", "sgemm", "layer", "cell", "layer/cell", "layer", "cell",
+           "remake ms, /layer, MB");
     int failed = 0;
     for (int i = 0; i < NCFG; i++) failed += run(&cfgs[i], rounds);
     return failed ? 1 : 0;
