@@ -1138,6 +1138,8 @@ Test(nn_ops, lstm_layer_rejects_bad_arguments_and_stays_usable)
     tg_tensor *x = tg_rand_uniform(&rng, TG_F32, 3, SHAPE(6, 2, 4), -1, 1);
     tg_tensor *out = NULL, *hn = NULL, *cn = NULL;
     cr_assert_eq(tg_lstm_layer_forward(NULL, x, NULL, NULL, &out, NULL, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_lstm_layer_set_opts(NULL, NULL), TG_ERR_NULL);
+    cr_assert_eq(tg_lstm_layer_set_opts(l, NULL), TG_OK);
     cr_assert_eq(tg_lstm_layer_forward(l, NULL, NULL, NULL, &out, NULL, NULL), TG_ERR_NULL);
     cr_assert_eq(tg_lstm_layer_forward(l, x, NULL, NULL, NULL, NULL, NULL), TG_ERR_NULL);
     cr_assert_eq(tg_lstm_layer_forward(l, tg_zeros(TG_F32, 1, SHAPE(4)), NULL, NULL, &out, NULL,
