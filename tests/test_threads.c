@@ -311,96 +311,82 @@ Test(threads, threads_share_one_fused_function)
     cr_assert_eq(tg_mem_current_bytes(), 0);
 }
 
-/* lstm_gates splits its rows across the pool when they are large: the
- * output and both gradients are bitwise those of one thread. */
-static float *gates_run(int threads, tg_tensor *z, tg_tensor *c, tg_tensor *w, size_t *n,
-                        bool *split)
-{
-    cr_assert_eq(tg_set_num_threads(threads), TG_OK);
-    tg_tape *tape = tg_tape_new(NULL);
-    cr_assert_eq(tg_requires_grad(tape, z), TG_OK);
-    cr_assert_eq(tg_requires_grad(tape, c), TG_OK);
-    tg_scope_begin();
-    uint64_t jobs = tg__pool_jobs();
-    tg_tensor *y = tg_lstm_gates(z, c);
-    cr_assert_not_null(y, "%s", tg_last_error_message());
-    *split = tg__pool_jobs() > jobs; /* the op's own forward */
-    cr_assert_eq(tg_backward(tg_sum(tg_mul(y, w))), TG_OK, "%s", tg_last_error_message());
-    size_t ny = (size_t)tg_tensor_numel(y), nz = (size_t)tg_tensor_numel(z);
-    size_t nc = (size_t)tg_tensor_numel(c);
-    *n = ny + nz + nc;
-    float *out = malloc(*n * sizeof *out);
-    cr_assert_not_null(out);
-    cr_assert_eq(tg_tensor_copy_out(y, out, ny * sizeof *out), TG_OK);
-    cr_assert_eq(tg_tensor_copy_out(tg_grad(z), out + ny, nz * sizeof *out), TG_OK);
-    cr_assert_eq(tg_tensor_copy_out(tg_grad(c), out + ny + nz, nc * sizeof *out), TG_OK);
-    tg_scope_end();
-    tg_grad_zero(z);
-    tg_grad_zero(c);
-    tg_tape_free(tape);
-    return out;
-}
-
-Test(threads, lstm_gates_split_across_threads_matches_one_thread_bitwise)
-{
-    int before = tg_num_threads();
-    tg_rng rng;
-    tg_rng_seed(&rng, 12);
-    /* z of 1000 x 4 x 300 floats, 4.8 MB: split even when the pool sleeps. */
-    tg_tensor *z = tg_rand_uniform(&rng, TG_F32, 2, SHAPE(1000, 1200), -4, 4);
-    tg_tensor *c = tg_rand_uniform(&rng, TG_F32, 2, SHAPE(1000, 300), -2, 2);
-    tg_tensor *w = tg_rand_uniform(&rng, TG_F32, 3, SHAPE(2, 1000, 300), -1, 1);
-    size_t n1, n2;
-    bool split1, split2;
-    float *one = gates_run(1, z, c, w, &n1, &split1);
-    float *two = gates_run(2, z, c, w, &n2, &split2);
-    cr_assert(!split1, "a split on 1 thread");
-    cr_assert(split2, "the forward was not split on 2 threads");
-    cr_assert_eq(n1, n2);
-    cr_assert_eq(memcmp(one, two, n1 * sizeof(float)), 0, "2 threads differ from 1");
-    free(one);
-    free(two);
-    tg_tensor_release(z);
-    tg_tensor_release(c);
-    tg_tensor_release(w);
-    cr_assert_eq(tg_set_num_threads(before), TG_OK);
-}
-
-/* The lstm op splits each step's gates across the pool in the same way:
- * its output and the gradients of all four inputs are bitwise those of one
- * thread. OpenBLAS stays on one thread (its own split of a GEMM may give
- * other bits, api.md's Threads), so the pool's split is what differs. */
-static float *seq_run(int threads, tg_tensor *const *in, tg_tensor *w, size_t *n, bool *split)
+/* One forward and backward of the registered op `name` on in[0..nin)
+ * (each marked on a new tape) at a thread count, with OpenBLAS kept on one
+ * thread (its own split of a GEMM may give other bits, api.md's Threads,
+ * so the pool's split is what differs): the output and every input's
+ * gradient, one after the other, in a malloc'd buffer of *n floats; *split:
+ * the op's forward ran pool jobs. */
+static float *op_run(const char *name, int threads, int nin, tg_tensor *const *in, tg_tensor *w,
+                     size_t *n, bool *split)
 {
     cr_assert_eq(tg_set_num_threads(threads), TG_OK);
     tg__blas_set_threads(1);
     tg_tape *tape = tg_tape_new(NULL);
-    for (int i = 0; i < 4; i++) cr_assert_eq(tg_requires_grad(tape, in[i]), TG_OK);
+    for (int i = 0; i < nin; i++) cr_assert_eq(tg_requires_grad(tape, in[i]), TG_OK);
     tg_scope_begin();
     uint64_t jobs = tg__pool_jobs();
-    tg_tensor *y = tg_lstm(in[0], in[1], in[2], in[3], NULL);
+    tg_tensor *y = tg_op_call(tg_op_find(name), nin, in, NULL);
     cr_assert_not_null(y, "%s", tg_last_error_message());
-    *split = tg__pool_jobs() > jobs;
+    *split = tg__pool_jobs() > jobs; /* the op's own forward */
     cr_assert_eq(tg_backward(tg_sum(tg_mul(y, w))), TG_OK, "%s", tg_last_error_message());
-    tg_tensor *parts[5] = {y, tg_grad(in[0]), tg_grad(in[1]), tg_grad(in[2]), tg_grad(in[3])};
+    tg_tensor *parts[TG_OP_MAX_INPUTS + 1] = {y};
+    for (int i = 0; i < nin; i++) parts[i + 1] = tg_grad(in[i]);
     *n = 0;
-    for (int i = 0; i < 5; i++) *n += (size_t)tg_tensor_numel(parts[i]);
+    for (int i = 0; i <= nin; i++) *n += (size_t)tg_tensor_numel(parts[i]);
     float *out = malloc(*n * sizeof *out), *p = out;
     cr_assert_not_null(out);
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i <= nin; i++) {
         size_t k = (size_t)tg_tensor_numel(parts[i]);
         cr_assert_eq(tg_tensor_copy_out(parts[i], p, k * sizeof *p), TG_OK);
         p += k;
     }
     tg_scope_end();
-    for (int i = 0; i < 4; i++) tg_grad_zero(in[i]);
+    for (int i = 0; i < nin; i++) tg_grad_zero(in[i]);
     tg_tape_free(tape);
     return out;
 }
 
-Test(threads, lstm_split_across_threads_matches_one_thread_bitwise)
+/* op_run at 1 and 2 threads: a split at 2 only, and the same bits. */
+static void expect_split_bitwise(const char *name, int nin, tg_tensor *const *in, tg_tensor *w)
 {
     int before = tg_num_threads();
+    size_t n1, n2;
+    bool split1, split2;
+    float *one = op_run(name, 1, nin, in, w, &n1, &split1);
+    float *two = op_run(name, 2, nin, in, w, &n2, &split2);
+    cr_assert(!split1, "%s: a split on 1 thread", name);
+    cr_assert(split2, "%s: the forward was not split on 2 threads", name);
+    cr_assert_eq(n1, n2);
+    size_t first = 0;
+    while (first < n1 && one[first] == two[first]) first++;
+    cr_assert_eq(first, n1, "%s: 2 threads differ from 1 first at %zu of %zu: %.9g against %.9g",
+                 name, first, n1, first < n1 ? one[first] : 0.0, first < n1 ? two[first] : 0.0);
+    free(one);
+    free(two);
+    cr_assert_eq(tg_set_num_threads(before), TG_OK);
+}
+
+/* lstm_gates splits its rows across the pool when they are large: the
+ * output and both gradients are bitwise those of one thread. */
+Test(threads, lstm_gates_split_across_threads_matches_one_thread_bitwise)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 12);
+    /* z of 1000 x 4 x 300 floats, 4.8 MB: split even when the pool sleeps. */
+    tg_tensor *in[2] = {tg_rand_uniform(&rng, TG_F32, 2, SHAPE(1000, 1200), -4, 4),
+                        tg_rand_uniform(&rng, TG_F32, 2, SHAPE(1000, 300), -2, 2)};
+    tg_tensor *w = tg_rand_uniform(&rng, TG_F32, 3, SHAPE(2, 1000, 300), -1, 1);
+    expect_split_bitwise("lstm_gates", 2, in, w);
+    for (int i = 0; i < 2; i++) tg_tensor_release(in[i]);
+    tg_tensor_release(w);
+}
+
+/* The lstm op splits each step's gates across the pool in the same way:
+ * its output and the gradients of all four inputs are bitwise those of one
+ * thread. */
+Test(threads, lstm_split_across_threads_matches_one_thread_bitwise)
+{
     tg_rng rng;
     tg_rng_seed(&rng, 13);
     /* T 2, B 512, I 4, H 512: each step's z is 4 MiB. */
@@ -411,20 +397,7 @@ Test(threads, lstm_split_across_threads_matches_one_thread_bitwise)
         tg_rand_uniform(&rng, TG_F32, 1, SHAPE(2048), -0.5, 0.5),
     };
     tg_tensor *w = tg_rand_uniform(&rng, TG_F32, 4, SHAPE(2, 2, 512, 512), -1, 1);
-    size_t n1, n2;
-    bool split1, split2;
-    float *one = seq_run(1, in, w, &n1, &split1);
-    float *two = seq_run(2, in, w, &n2, &split2);
-    cr_assert(!split1, "a split on 1 thread");
-    cr_assert(split2, "the forward was not split on 2 threads");
-    cr_assert_eq(n1, n2);
-    size_t first = 0;
-    while (first < n1 && one[first] == two[first]) first++;
-    cr_assert_eq(first, n1, "2 threads differ from 1 first at %zu of %zu: %.9g against %.9g",
-                 first, n1, first < n1 ? one[first] : 0.0, first < n1 ? two[first] : 0.0);
-    free(one);
-    free(two);
+    expect_split_bitwise("lstm", 4, in, w);
     for (int i = 0; i < 4; i++) tg_tensor_release(in[i]);
     tg_tensor_release(w);
-    cr_assert_eq(tg_set_num_threads(before), TG_OK);
 }
