@@ -166,6 +166,50 @@ Test(fused, calls_give_the_ops_outputs_and_gradients_bit_for_bit)
     cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
 }
 
+/* Products whose operands have gradients already when the sweep reaches
+ * them (the sweep goes from the last step to the first; the statements
+ * order the steps, as C leaves the order of a call's arguments open):
+ * x * x and x * y before tanh(x) and exp(y) read x and y, and the seed
+ * passing through a product (the sum's seed of 1). Their
+ * contributions are added as the sweep adds them, in one pass. */
+static tg_tensor *f_square_after(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *x = in[0];
+    tg_tensor *q = tg_mul(x, x);
+    tg_tensor *t = tg_tanh(x);
+    return tg_mul(t, q);
+}
+
+static tg_tensor *f_product_after(void *ud, int n, tg_tensor *const *in)
+{
+    (void)ud, (void)n;
+    tg_tensor *x = in[0], *y = in[1];
+    tg_tensor *p = tg_mul(x, y);
+    tg_tensor *q = tg_mul(x, x);
+    tg_tensor *s = tg_add(p, tg_exp(y));
+    return tg_mul(s, tg_add(q, tg_tanh(x)));
+}
+
+Test(fused, products_add_their_contributions_as_the_sweep_does_on_both_backends)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    static const fcase more[] = {{"square_after", f_square_after, 1},
+                                 {"product_after", f_product_after, 2}};
+    tg_backend prev = tg_default_backend();
+    for (int be = 0; be < 2; be++) {
+        tg_set_default_backend(be ? TG_BACKEND_CPU : TG_BACKEND_REF);
+        for (size_t c = 0; c < sizeof more / sizeof more[0]; c++)
+            for (int dt = 0; dt < 2; dt++)
+                for (int seed = 0; seed < 2; seed++)
+                    compare_case(&more[c], dt ? TG_F64 : TG_F32, 2, SHAPE(37, 129), seed, 1);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            compare_case(&cases[c], TG_F32, 2, SHAPE(3, 5), true, 1);
+    }
+    tg_set_default_backend(prev);
+    cr_expect_eq(tg_mem_current_bytes(), mem0, "leak");
+}
+
 Test(fused, a_call_records_one_node_and_keeps_no_more_than_the_ops)
 {
     tg_fused *f = tg_fused_new(f_chain, NULL, 1);

@@ -89,7 +89,9 @@
     X(EXP_GG) X(LOG_GG) X(SQRT_GG) X(TANH_GG) X(SIGMOID_GG) X(POW_GG)           \
     /* conv */                                                                     \
     X(CONV_SHORT_FWD)     /* tg_conv_short_fwd_fn */                               \
-    X(CONV_SHORT_WGRAD)   /* tg_conv_short_wgrad_fn */
+    X(CONV_SHORT_WGRAD)   /* tg_conv_short_wgrad_fn */                             \
+    /* binary */                                                                   \
+    X(MUL_ADD)            /* tg_mul_add_fn */
 
 typedef enum tg_kernel_id {
 #define TG__KID(name) TG_K_##name,
@@ -130,6 +132,13 @@ typedef struct tg_bcast {
 } tg_bcast;
 /* out = a op b; minimum/maximum propagate NaN. */
 typedef void (*tg_binary_fn)(const tg_bcast *bc, const void *a, const void *b, void *out);
+/* A product's gradient contributions summed as the sweep sums them, in one
+ * pass over contiguous buffers: with t = g * a (rounded), out = p + t, then
+ * out + t again when twice (the two contributions of x * x); p NULL: the
+ * first contribution is t itself. Each operation rounds as the add and mul
+ * kernels round (no contraction), so the bits are theirs. out may alias p. */
+typedef void (*tg_mul_add_fn)(int64_t n, const void *p, const void *g, const void *a, void *out,
+                              bool twice);
 
 /* ---- reduce (reduce.c) ------------------------------------------------------ */
 

@@ -384,6 +384,24 @@ static void contrib_pass(bgrad *bg, int r, const char *c)
     }
 }
 
+/* out = p + g * a (p NULL: g * a), then + g * a again when twice: the
+ * mul and add kernels' bits in one pass (tg_mul_add_fn). */
+static void mul_add(const engine *e, int64_t m, const void *p, const void *g, const void *a,
+                    void *out, bool twice)
+{
+    ((tg_mul_add_fn)tg__kernel(TG_K_MUL_ADD, e->be, e->dt))(m, p, g, a, out, twice);
+}
+
+/* A product's contribution g * x to ref r, added to what arrived before
+ * in the same pass. */
+static void contrib_mul(bgrad *bg, int r, const char *g, const char *x)
+{
+    char *dst = own(bg->e, bg->grad, r, bg->o);
+    if (!dst) return;
+    mul_add(bg->e, bg->m, bg->gp[r], g, x, dst, false);
+    bg->gp[r] = dst;
+}
+
 static void backward_block(const engine *e, char *const *grad, const char *gyb, char *tmp,
                            int64_t o, int64_t m, char *const *fvp)
 {
@@ -421,28 +439,22 @@ static void backward_block(const engine *e, char *const *grad, const char *gyb, 
             }
         } else if (s->kid == TG_K_MUL && s->a == s->b) {
             /* x * x: both contributions are g x, made once as mul's
-             * backward makes them, then added as the sweep adds them. */
+             * backward makes them, then added as the sweep adds them,
+             * in one pass. */
             char *own_a = own(e, grad, s->a, o);
             if (own_a) {
-                binary_block(TG_K_MUL, e, m, g, a, tmp);
-                if (bg.gp[s->a]) {
-                    binary_block(TG_K_ADD, e, m, bg.gp[s->a], tmp, own_a);
-                    binary_block(TG_K_ADD, e, m, own_a, tmp, own_a);
-                } else {
-                    binary_block(TG_K_ADD, e, m, tmp, tmp, own_a);
-                }
+                mul_add(e, m, bg.gp[s->a], g, a, own_a, true);
                 bg.gp[s->a] = own_a;
             }
+        } else if (s->kid == TG_K_MUL && g == gyb && e->gy1 == 1.0) {
+            /* The seed 1 times an operand is that operand: passed on as
+             * it is, where the ops would multiply it by ones (the same
+             * bits, but that a signaling NaN stays signaling). */
+            contrib_pass(&bg, s->a, operand(e, vp, s->b, o));
+            contrib_pass(&bg, s->b, a);
         } else if (s->kid == TG_K_MUL) {
-            const char *b = operand(e, vp, s->b, o);
-            if ((dst = contrib_dst(&bg, s->a))) {
-                binary_block(TG_K_MUL, e, m, g, b, dst);
-                contrib_done(&bg, s->a);
-            }
-            if ((dst = contrib_dst(&bg, s->b))) {
-                binary_block(TG_K_MUL, e, m, g, a, dst);
-                contrib_done(&bg, s->b);
-            }
+            contrib_mul(&bg, s->a, g, operand(e, vp, s->b, o));
+            contrib_mul(&bg, s->b, g, a);
         } else { /* add, sub */
             contrib_pass(&bg, s->a, g);
             if (s->kid == TG_K_ADD) {

@@ -68,6 +68,34 @@ DEF_BIN(maximum_f32, 5, float, TG_F32, MAX_EXPR(x, y))
 DEF_BIN(minimum_f64, 4, double, TG_F64, MIN_EXPR(x, y))
 DEF_BIN(maximum_f64, 5, double, TG_F64, MAX_EXPR(x, y))
 
+/* The x * x and product-rule accumulation of a fused call's backward
+ * (tg_mul_add_fn): one pass where mul and add kernels make two or three.
+ * The loop per case keeps the branches out of the vectorised body. */
+#define DEF_MUL_ADD(name, T)                                                        \
+    TG_CLONES static void name(int64_t n, const void *pv, const void *gv, const void *av, \
+                               void *ov, bool twice)                                \
+    {                                                                               \
+        const T *p = pv, *g = gv, *a = av;                                          \
+        T *o = ov;                                                                  \
+        if (p && twice) {                                                           \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T t = g[i] * a[i];                                                  \
+                o[i] = (T)((T)(p[i] + t) + t);                                      \
+            }                                                                       \
+        } else if (p) {                                                             \
+            for (int64_t i = 0; i < n; i++) o[i] = (T)(p[i] + (T)(g[i] * a[i]));      \
+        } else if (twice) {                                                         \
+            for (int64_t i = 0; i < n; i++) {                                       \
+                T t = g[i] * a[i];                                                  \
+                o[i] = (T)(t + t);                                                  \
+            }                                                                       \
+        } else {                                                                    \
+            for (int64_t i = 0; i < n; i++) o[i] = (T)(g[i] * a[i]);                \
+        }                                                                           \
+    }
+DEF_MUL_ADD(mul_add_f32, float)
+DEF_MUL_ADD(mul_add_f64, double)
+
 void tg__cpu_binary_register(void)
 {
     const tg_backend C = TG_BACKEND_CPU;
@@ -80,6 +108,6 @@ void tg__cpu_binary_register(void)
     tg__kernel_set(TG_K_##K, C, TG_F32, (tg_kernel_fn)name##_f32);                  \
     tg__kernel_set(TG_K_##K, C, TG_F64, (tg_kernel_fn)name##_f64);
     SET2(ADD, add) SET2(SUB, sub) SET2(MUL, mul) SET2(DIV, div)
-    SET2(MINIMUM, minimum) SET2(MAXIMUM, maximum)
+    SET2(MINIMUM, minimum) SET2(MAXIMUM, maximum) SET2(MUL_ADD, mul_add)
 #undef SET2
 }

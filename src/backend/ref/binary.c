@@ -42,6 +42,21 @@ DEF_BINARY(minimum_f64, double, x != x ? x : (y != y ? y : (x <= y ? x : y)))
 DEF_BINARY(maximum_f32, float, x != x ? x : (y != y ? y : (x >= y ? x : y)))
 DEF_BINARY(maximum_f64, double, x != x ? x : (y != y ? y : (x >= y ? x : y)))
 
+#define DEF_MUL_ADD(name, T)                                                       \
+    static void name(int64_t n, const void *pv, const void *gv, const void *av, void *ov, \
+                     bool twice)                                                   \
+    {                                                                              \
+        const T *p = pv, *g = gv, *a = av;                                         \
+        T *o = ov;                                                                 \
+        for (int64_t i = 0; i < n; i++) {                                          \
+            T t = g[i] * a[i];                                                     \
+            T r = p ? (T)(p[i] + t) : t;                                           \
+            o[i] = twice ? (T)(r + t) : r;                                         \
+        }                                                                          \
+    }
+DEF_MUL_ADD(mul_add_f32, float)
+DEF_MUL_ADD(mul_add_f64, double)
+
 void tg__ref_binary_register(void)
 {
     const tg_backend R = TG_BACKEND_REF;
@@ -49,7 +64,7 @@ void tg__ref_binary_register(void)
     tg__kernel_set(TG_K_##K, R, TG_F32, (tg_kernel_fn)name##_f32);                 \
     tg__kernel_set(TG_K_##K, R, TG_F64, (tg_kernel_fn)name##_f64);
     SET2(ADD, add) SET2(SUB, sub) SET2(MUL, mul) SET2(DIV, div) SET2(GT, gt) SET2(EQ, eq)
-    SET2(MINIMUM, minimum) SET2(MAXIMUM, maximum)
+    SET2(MINIMUM, minimum) SET2(MAXIMUM, maximum) SET2(MUL_ADD, mul_add)
 #undef SET2
     tg__kernel_set(TG_K_ADD, R, TG_I64, (tg_kernel_fn)add_i64);
     tg__kernel_set(TG_K_SUB, R, TG_I64, (tg_kernel_fn)sub_i64);
