@@ -27,7 +27,9 @@ void bench_cli_usage(FILE *f, const char *prog)
     fprintf(f, "  scale        (alone) the chain at 10^2..10^6 ops: ns/op, page faults per op,\n"
                "               resident bytes per op (--quick: up to 10^4)\n");
     fprintf(f, "  replay       (alone) a step recorded again against tg_tape_replay of one\n"
-               "               record, on the chain, tiny and mlp: ns per step and per op\n");
+               "               record, on the chain, tiny and mlp: ns per step and per op;\n"
+               "               and elementwise (1 thread): replay, whose six calls run\n"
+               "               fused, against the fused pass, recording and unfused replay\n");
     fprintf(f, "  dp           (alone) data-parallel train steps of the mlp and the lstm (cell\n"
                "               by cell, and as one lstm op) on 1..N worker threads (--workers N,\n"
                "               default 2), samples/s and ratios;\n"

@@ -4,9 +4,10 @@
  * against replaying one record (tg_tape_replay with the step's input, then
  * tg_backward). Workloads: the chain (100 x tanh on one float), tiny
  * (MLP 2-16-16-1, tanh, batch 1, MSE) and mlp (784-512-512-10, ReLU, batch
- * 128, cross-entropy). Rounds alternate the two ways; the figures are the
+ * 128, cross-entropy), and elementwise (below: there the replay's calls
+ * run as one fused call). Rounds alternate the ways; the figures are the
  * medians of the per-step times and of the per-round ratios. Before
- * timing, the gradients of both ways are compared bit for bit. */
+ * timing, the gradients of every way are compared bit for bit. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,6 +214,144 @@ static int rp_run(int kind, bool quick)
     return st || !same;
 }
 
+/* ---- elementwise: sum(tanh(x*x + 1) * sigmoid(x)) on 1M floats, x a
+ * parameter (a set's leaf, as the suite's elementwise has it). A replay
+ * runs the six calls as one fused call (tg_tape_replay's fused runs);
+ * the same replay with opts.replay_unfused runs them one by one. Both are
+ * timed against recording and against the suite's baseline for this
+ * chain, one fused pass over the data (elementwise's gemm), in rotating
+ * rounds, on one thread (the pass's). */
+#define RP_ELEM_N (1 << 20)
+
+static tg_tensor *rp_elem_loss(tg_tensor *x)
+{
+    tg_tensor *a = tg_add_scalar(tg_mul(x, x), 1.0);
+    tg_tensor *t = tg_tanh(a);
+    tg_tensor *s = tg_sigmoid(x);
+    return tg_sum(tg_mul(t, s));
+}
+
+typedef struct rp_elem {
+    tg_params *ps;
+    tg_tensor *x, *loss;
+    tg_tape *tape;
+} rp_elem;
+
+static tg_status rp_elem_init(rp_elem *e, tg_tape_opts *opts)
+{
+    tg_rng rng;
+    tg_rng_seed(&rng, 3);
+    memset(e, 0, sizeof *e);
+    if (!(e->ps = tg_params_new()) ||
+        !(e->x = tg_params_add(e->ps, "x", TG_F32, 1, (int64_t[]){RP_ELEM_N})) ||
+        tg_init_uniform(e->x, &rng, -2, 2) || !(e->tape = tg_tape_new(opts)))
+        return tg_last_error();
+    tg_status st = tg_params_requires_grad(e->ps, e->tape);
+    if (st || !opts) return st;
+    tg_scope_begin();
+    e->loss = tg_tensor_retain(rp_elem_loss(e->x));
+    tg_scope_end();
+    return e->loss ? TG_OK : tg_last_error();
+}
+
+static void rp_elem_free(rp_elem *e)
+{
+    tg_tensor_release(e->loss);
+    tg_tape_free(e->tape);
+    tg_params_free(e->ps);
+}
+
+static tg_status rp_elem_step(rp_elem *e)
+{
+    tg_status st;
+    if (e->loss) {
+        st = tg_tape_replay(e->tape, 0, NULL, NULL);
+        if (!st) st = tg_backward(e->loss);
+    } else {
+        tg_scope_begin();
+        tg_tensor *loss = rp_elem_loss(e->x);
+        st = loss ? tg_backward(loss) : tg_last_error();
+        tg_scope_end();
+        tg_tape_reset(e->tape);
+    }
+    tg_params_zero_grad(e->ps);
+    return st;
+}
+
+static int rp_elem_run(bool quick)
+{
+    int threads = tg_set_num_threads(1); /* the fused pass runs on one */
+    rp_elem c[3]; /* recording, replay, replay unfused */
+    tg_tape_opts fo = {.replay = true}, uo = {.replay = true, .replay_unfused = true};
+    tg_status st = rp_elem_init(&c[0], NULL);
+    tg_status s1 = rp_elem_init(&c[1], &fo), s2 = rp_elem_init(&c[2], &uo);
+    st = st ? st : s1 ? s1 : s2;
+    char err[256] = "";
+    void *base = st ? NULL : bench_wl_elementwise.setup(err, sizeof err);
+    if (!st && !base) st = TG_ERR_INVALID;
+    /* One step of each, gradients kept, compared bit for bit. */
+    bool same = false;
+    int64_t fused = 0;
+    if (!st) {
+        float *g[3] = {NULL, NULL, NULL};
+        for (int k = 0; k < 3 && !st; k++) {
+            if (k) st = tg_tape_replay(c[k].tape, 0, NULL, NULL);
+            tg_scope_begin();
+            tg_tensor *loss = k ? c[k].loss : rp_elem_loss(c[k].x);
+            if (!st) st = loss ? tg_backward(loss) : tg_last_error();
+            tg_tensor *gr = st ? NULL : tg_grad(c[k].x);
+            if (gr && (g[k] = malloc(RP_ELEM_N * sizeof(float))))
+                memcpy(g[k], tg_tensor_data_ro(gr), RP_ELEM_N * sizeof(float));
+            tg_scope_end();
+            if (!k) tg_tape_reset(c[0].tape);
+            tg_params_zero_grad(c[k].ps);
+        }
+        fused = tg_tape_replay_fused_steps(c[1].tape);
+        same = !st && g[0] && g[1] && g[2] && !memcmp(g[0], g[1], RP_ELEM_N * sizeof(float)) &&
+               !memcmp(g[0], g[2], RP_ELEM_N * sizeof(float));
+        for (int k = 0; k < 3; k++) free(g[k]);
+    }
+    int rounds = quick ? 3 : 15, reps = quick ? 3 : 20;
+    double t[4][64], r_pass[64], r_rec[64], r_unf[64];
+    for (int r = 0; r < rounds && !st; r++) {
+        for (int j = 0; j < 4 && !st; j++) {
+            int k = (j + r) % 4; /* 0..2 the tapes, 3 the fused pass */
+            double t0 = bench_now_ns();
+            for (int i = 0; i < reps && !st; i++) {
+                if (k == 3)
+                    bench_wl_elementwise.gemm(base, true);
+                else
+                    st = rp_elem_step(&c[k]);
+            }
+            t[k][r] = (bench_now_ns() - t0) / reps;
+        }
+        r_pass[r] = t[1][r] / t[3][r];
+        r_rec[r] = t[0][r] / t[1][r];
+        r_unf[r] = t[2][r] / t[1][r];
+    }
+    if (!st) {
+        bench_stat a = bench_stat_of(r_pass, rounds), b = bench_stat_of(r_rec, rounds),
+                   u = bench_stat_of(r_unf, rounds);
+        printf("elementwise sum(tanh(x*x + 1) * sigmoid(x)), x 1M f32 (a parameter), 1 thread; "
+               "gradients bitwise equal: %s; %lld of 6 calls fused\n",
+               same ? "yes" : "NO", (long long)fused);
+        printf("       record %7.3f ms  replay %7.3f ms  replay unfused %7.3f ms  fused pass "
+               "%7.3f ms\n",
+               bench_median(t[0], rounds) / 1e6, bench_median(t[1], rounds) / 1e6,
+               bench_median(t[2], rounds) / 1e6, bench_median(t[3], rounds) / 1e6);
+        printf("       replay / fused pass %.2fx (rounds %.2f-%.2f); record/replay %.2fx "
+               "(%.2f-%.2f); unfused/replay %.2fx (%.2f-%.2f)\n",
+               a.median, a.min, a.max, b.median, b.min, b.max, u.median, u.min, u.max);
+    } else {
+        fprintf(stderr, "tapegrad bench replay: elementwise: %s\n",
+                err[0] ? err : tg_last_error_message());
+    }
+    if (base) bench_wl_elementwise.teardown(base);
+    for (int k = 0; k < 3; k++) rp_elem_free(&c[k]);
+    tg_set_num_threads(threads);
+    return st || !same;
+}
+
 int bench_replay_cli(const bench_opts *o)
 {
     bench_env env;
@@ -224,5 +363,6 @@ int bench_replay_cli(const bench_opts *o)
            o->quick ? "3 (quick: not a measurement)" : "15");
     int failed = 0;
     for (int k = 0; k < 3; k++) failed += rp_run(k, o->quick);
+    failed += rp_elem_run(o->quick);
     return failed ? 1 : 0;
 }

@@ -223,25 +223,30 @@ Test(replay, pointwise_region)
         tg_grad_zero(w);
         tg_tape_free(t);
     }
-    tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true});
-    tg_tensor *x = tg_zeros(TG_F32, 1, SHAPE(300000));
-    cr_assert_eq(tg_requires_grad(t, w), TG_OK);
-    cr_assert_eq(tg_tape_input(t, x), TG_OK);
-    tg_scope_begin();
-    tg_tensor *loss = tg_tensor_retain(
-        tg_sum(tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, w), 1.0)), tg_sigmoid(w))));
-    tg_scope_end();
-    for (int k = 0; k < 2; k++) {
-        /* Values written in place count too (values NULL). */
-        memcpy(tg_tensor_data(x), tg_tensor_data_ro(vals[k]), 300000 * sizeof(float));
-        cr_assert_eq(tg_tape_replay(t, 1, &x, NULL), TG_OK, "%s", tg_last_error_message());
-        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
-        cr_assert(same_bits(tg_grad(w), ref[k]), "pass %d: gradient differs", k);
-        tg_grad_zero(w);
+    /* Unfused, the calls' backward runs as a pointwise region; fused, as
+     * one fused call (runs_of_pointwise_calls_fuse_bitwise below). */
+    for (int unfused = 0; unfused < 2; unfused++) {
+        tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true, .replay_unfused = unfused});
+        tg_tensor *x = tg_zeros(TG_F32, 1, SHAPE(300000));
+        cr_assert_eq(tg_requires_grad(t, w), TG_OK);
+        cr_assert_eq(tg_tape_input(t, x), TG_OK);
+        tg_scope_begin();
+        tg_tensor *loss = tg_tensor_retain(
+            tg_sum(tg_mul(tg_tanh(tg_add_scalar(tg_mul(x, w), 1.0)), tg_sigmoid(w))));
+        tg_scope_end();
+        for (int k = 0; k < 2; k++) {
+            /* Values written in place count too (values NULL). */
+            memcpy(tg_tensor_data(x), tg_tensor_data_ro(vals[k]), 300000 * sizeof(float));
+            cr_assert_eq(tg_tape_replay(t, 1, &x, NULL), TG_OK, "%s", tg_last_error_message());
+            cr_assert_eq(tg_tape_replay_fused_steps(t), unfused ? 0 : 6);
+            cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+            cr_assert(same_bits(tg_grad(w), ref[k]), "pass %d: gradient differs", k);
+            tg_grad_zero(w);
+        }
+        tg_tensor_release(loss);
+        tg_tape_free(t);
     }
-    tg_tensor_release(loss);
     tu_release_all(ref, 2);
-    tg_tape_free(t);
     tg_scope_end();
     tu_expect_no_leaks(mem0);
 }
@@ -742,4 +747,180 @@ Test(replay, lstm_replays_bitwise_balanced)
 Test(replay, lstm_remaking_its_gates_replays_bitwise)
 {
     check_lstm_replay(TG_CHECKPOINT_NONE, true);
+}
+
+/* ---- Fused runs: a replay runs a run of pointwise calls over a large
+ * shape as one fused call where nothing outside the run can see its
+ * middle results. The loss, the gradients and every value the user holds
+ * must stay bitwise those of recording again, and the fused steps and
+ * nodes are counted exactly. Each forward names its steps' order in
+ * statements (C leaves the order of a call's arguments open). */
+typedef tg_tensor *(*fz_fn)(tg_tensor *const *p, tg_tensor *d, tg_tensor **keep);
+
+/* mul, add_scalar, tanh, sigmoid, mul, sum: all six fused (p0 read twice,
+ * only inside); keep: tanh's result. */
+static tg_tensor *fz_chain(tg_tensor *const *p, tg_tensor *d, tg_tensor **keep)
+{
+    tg_tensor *a = tg_mul(d, p[0]);
+    tg_tensor *t = tg_tanh(tg_add_scalar(a, 1.0));
+    if (keep) *keep = t;
+    tg_tensor *s = tg_sigmoid(p[0]);
+    return tg_sum(tg_mul(t, s));
+}
+
+/* Seven calls on three inputs fused, then a mean (not a step). */
+static tg_tensor *fz_three(tg_tensor *const *p, tg_tensor *d, tg_tensor **keep)
+{
+    (void)keep;
+    tg_tensor *e = tg_exp(tg_mul_scalar(p[0], -0.5));
+    tg_tensor *q = tg_mul(p[0], p[1]);
+    tg_tensor *f = tg_mul(e, tg_add(p[1], d));
+    tg_tensor *r = tg_sub(f, tg_tanh(q));
+    return tg_mean(r);
+}
+
+/* p0 read by two calls of the run and by a mean outside it: the four
+ * calls of mul, tanh, mul, sum do not fuse as one (the mean's gradient
+ * would come between theirs); mul and tanh (one read of p0 each) and mul
+ * and sum do. */
+static tg_tensor *fz_outside(tg_tensor *const *p, tg_tensor *d, tg_tensor **keep)
+{
+    (void)keep;
+    tg_tensor *t = tg_tanh(tg_mul(p[0], d));
+    tg_tensor *u = tg_mul(t, p[0]);
+    tg_tensor *s = tg_sum(u);
+    return tg_add(s, tg_mean(p[0]));
+}
+
+/* a = p0 d is read by sum_dims after the run: the run starts after it
+ * (tanh, sigmoid, mul, sum fused). */
+static tg_tensor *fz_cut(tg_tensor *const *p, tg_tensor *d, tg_tensor **keep)
+{
+    (void)keep;
+    tg_tensor *a = tg_mul(p[0], d);
+    tg_tensor *b = tg_sigmoid(tg_tanh(a));
+    tg_tensor *s = tg_sum(tg_mul(b, p[1]));
+    return tg_add(s, tg_sum_dims(a, 1, (const int[]){0}, false));
+}
+
+typedef struct fz_case {
+    const char *name;
+    fz_fn f;
+    int64_t fused, nodes; /* after each replay, where it fuses */
+} fz_case;
+
+/* Records f on a fresh tape per batch (the reference), then replays one
+ * record of it on both batches; compares loss, gradients and (hold) the
+ * kept middle result bit for bit, and the fused steps and nodes with
+ * want_fused and want_nodes. */
+static void check_fused_replay(const fz_case *c, tg_dtype dt, tg_backend be, int64_t n,
+                               tg_tape_opts opts, bool hold, int64_t want_fused,
+                               int64_t want_nodes)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_backend prev = tg_set_default_backend(be);
+    tg_scope_begin();
+    tg_rng r;
+    tg_rng_seed(&r, 17);
+    tg_tensor *p[2], *vals[2], *ref_loss[2], *ref_g[2][2], *ref_keep[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) p[i] = tg_rand_uniform(&r, dt, 1, SHAPE(n), -1.5, 1.5);
+    for (int k = 0; k < 2; k++) vals[k] = tg_rand_uniform(&r, dt, 1, SHAPE(n), -1.5, 1.5);
+    for (int k = 0; k < 2; k++) {
+        tg_tape *t = tg_tape_new(NULL);
+        for (int i = 0; i < 2; i++) cr_assert_eq(tg_requires_grad(t, p[i]), TG_OK);
+        tg_scope_begin();
+        tg_tensor *keep = NULL;
+        tg_tensor *loss = c->f(p, vals[k], hold ? &keep : NULL);
+        cr_assert(loss, "%s: %s", c->name, tg_last_error_message());
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        ref_loss[k] = copy_of(loss);
+        if (keep) ref_keep[k] = copy_of(keep);
+        tg_scope_end();
+        for (int i = 0; i < 2; i++) {
+            /* an unused parameter has no gradient: zeros stand for it */
+            tg_tensor *g = tg_grad(p[i]);
+            ref_g[k][i] = g ? copy_of(g) : tg_tensor_retain(tg_zeros(dt, 1, SHAPE(n)));
+            tg_grad_zero(p[i]);
+        }
+        tg_tape_free(t);
+    }
+    opts.replay = true;
+    tg_tape *t = tg_tape_new(&opts);
+    tg_tensor *d = tg_zeros(dt, 1, SHAPE(n)), *keep = NULL;
+    cr_assert_eq(tg_tape_input(t, d), TG_OK);
+    for (int i = 0; i < 2; i++) cr_assert_eq(tg_requires_grad(t, p[i]), TG_OK);
+    tg_scope_begin();
+    tg_tensor *loss = tg_tensor_retain(c->f(p, d, hold ? &keep : NULL));
+    tg_tensor_retain(keep);
+    tg_scope_end();
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(tg_tape_replay(t, 1, &d, &vals[k]), TG_OK, "%s", tg_last_error_message());
+        cr_expect_eq(tg_tape_replay_fused_steps(t), want_fused, "%s %s %s n %lld: %lld fused",
+                     c->name, tg_dtype_name(dt), tg_backend_name(be), (long long)n,
+                     (long long)tg_tape_replay_fused_steps(t));
+        cr_expect_eq(tg_tape_node_count(t), want_nodes, "%s: %lld nodes", c->name,
+                     (long long)tg_tape_node_count(t));
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        cr_expect(same_bits(loss, ref_loss[k]), "%s %s %s, batch %d: loss differs", c->name,
+                  tg_dtype_name(dt), tg_backend_name(be), k);
+        for (int i = 0; i < 2; i++) {
+            tg_tensor *g = tg_grad(p[i]);
+            cr_expect(g ? same_bits(g, ref_g[k][i]) : tu_item(tg_sum(tg_abs(ref_g[k][i]))) == 0,
+                      "%s %s %s, batch %d: gradient %d differs", c->name, tg_dtype_name(dt),
+                      tg_backend_name(be), k, i);
+            tg_grad_zero(p[i]);
+        }
+        if (keep)
+            cr_expect(same_bits(keep, ref_keep[k]), "%s, batch %d: the kept value is stale",
+                      c->name, k);
+    }
+    tg_tensor_release(loss);
+    tg_tensor_release(keep);
+    tg_tape_free(t);
+    tu_release_all(ref_loss, 2);
+    tu_release_all(ref_keep, 2);
+    for (int k = 0; k < 2; k++) tu_release_all(ref_g[k], 2);
+    tg_scope_end();
+    tg_set_default_backend(prev);
+    tu_expect_no_leaks(mem0);
+}
+
+static const fz_case fz_cases[] = {
+    {"chain", fz_chain, 6, 1},
+    {"three", fz_three, 7, 2},
+    {"outside", fz_outside, 4, 4},
+    {"cut", fz_cut, 4, 4},
+};
+
+Test(replay, runs_of_pointwise_calls_fuse_bitwise_on_both_backends)
+{
+    for (size_t c = 0; c < sizeof fz_cases / sizeof fz_cases[0]; c++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int be = 0; be < 2; be++)
+                check_fused_replay(&fz_cases[c], dt ? TG_F64 : TG_F32,
+                                   be ? TG_BACKEND_CPU : TG_BACKEND_REF, 5000, (tg_tape_opts){0},
+                                   false, fz_cases[c].fused, fz_cases[c].nodes);
+}
+
+Test(replay, a_run_whose_middle_result_the_user_holds_is_not_fused)
+{
+    /* The user keeps tanh's result: the calls run one by one (six nodes)
+     * and it holds each replay's values. */
+    check_fused_replay(&fz_cases[0], TG_F32, TG_BACKEND_CPU, 5000, (tg_tape_opts){0}, true, 0,
+                       6);
+}
+
+Test(replay, small_shapes_and_replay_unfused_run_every_call)
+{
+    for (size_t c = 0; c < sizeof fz_cases / sizeof fz_cases[0]; c++) {
+        /* below 4096 elements a fused call costs more than it saves */
+        int64_t nodes = c == 0 ? 6 : c == 1 ? 8 : c == 2 ? 6 : 7;
+        check_fused_replay(&fz_cases[c], TG_F32, TG_BACKEND_CPU, 4095, (tg_tape_opts){0}, false,
+                           0, nodes);
+        check_fused_replay(&fz_cases[c], TG_F64, TG_BACKEND_CPU, 5000,
+                           (tg_tape_opts){.replay_unfused = true}, false, 0, nodes);
+        /* a policy other than NONE records the calls one by one too */
+        check_fused_replay(&fz_cases[c], TG_F32, TG_BACKEND_CPU, 5000,
+                           (tg_tape_opts){.policy = TG_CHECKPOINT_BALANCED}, false, 0, nodes);
+    }
 }

@@ -29,7 +29,8 @@
  *
  * The result and, where the inputs' gradients come from the call alone,
  * the gradients are bitwise those of running fn's ops one by one (the
- * same kernels on the same operands, sums in the sweep's order). The
+ * same kernels on the same operands, sums in the sweep's order; but that
+ * a product seeded with 1 hands on a signaling NaN operand unquieted). The
  * call records one node, which keeps its inputs and what the ops would
  * keep; backward through it works under every checkpoint policy and to
  * any order (create_graph runs the ops' own backward as recorded ops). */

@@ -33,6 +33,9 @@ typedef struct tg_tape_opts {
     /* Keep the forward's op calls so that tg_tape_replay can run them
      * again on new input values (see "Replay" below). */
     bool replay;
+    /* Replay every op call as recorded: no fused runs of pointwise calls
+     * (tg_tape_replay; the results and gradients are the same bits). */
+    bool replay_unfused;
 } tg_tape_opts;
 
 /* New empty tape (NULL opts: defaults). Free with tg_tape_free. */
@@ -272,7 +275,10 @@ tg_status tg_tape_input(tg_tape *tape, tg_tensor *t);
  * inputs[k]), drops the record and runs the recorded forward again (from
  * the second replay on, under NONE with no segments, hooks or anomaly mode,
  * it keeps the record the last replay made and gives its nodes back their
- * saves instead: the same record, made faster). Errors
+ * saves instead: the same record, made faster; and it runs each run of
+ * pointwise calls on one shape of 4096 elements or more, whose middle
+ * results nothing but the program holds, as one fused call with one node,
+ * unless opts.replay_unfused: the same bits, docs/replay.md). Errors
  * (nothing changed but the inputs' values): TG_ERR_INVALID without
  * opts.replay, with nothing recorded, for an input not marked, or when
  * called inside a backward or an op; TG_ERR_DTYPE, TG_ERR_SHAPE or
@@ -283,6 +289,9 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs,
                          tg_tensor *const *values);
 /* Steps of the replay program (op calls and segment marks; 0 without). */
 int64_t tg_tape_replay_steps(const tg_tape *tape);
+/* Steps of the program the last tg_tape_replay ran inside fused calls (0
+ * without, or when none was fused). */
+int64_t tg_tape_replay_fused_steps(const tg_tape *tape);
 
 /* Writes the current record as Graphviz DOT to path: one box per node (op,
  * output dtype and shape, bytes saved; recompute nodes dashed), leaves and

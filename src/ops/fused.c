@@ -44,6 +44,7 @@
 
 #include "backend/parallel.h"
 #include "core/pool.h"
+#include "ops/fused_plan.h"
 #include "ops/helpers.h"
 #include "tape/tape_internal.h"
 
@@ -1080,6 +1081,13 @@ static const tg_op *const fused_ops[TG_FUSED_MAX_INPUTS] = {
 static const tg_op *const sum_ops[TG_FUSED_MAX_INPUTS] = {
     &tg__op_fused_sum_1, &tg__op_fused_sum_2, &tg__op_fused_sum_3};
 
+const tg_op *tg__fused_op(int nin, bool sum)
+{
+    unsigned k = (unsigned)nin - 1u;
+    if (k >= (unsigned)TG_FUSED_MAX_INPUTS) return NULL;
+    return sum ? sum_ops[k] : fused_ops[k];
+}
+
 /* f on in[0..n) through ops[n - 1]; name: the API function's, for errors. */
 static tg_tensor *call(const tg_fused *f, int n, tg_tensor *const *in,
                        const tg_op *const *ops, const char *name)
@@ -1131,6 +1139,49 @@ void tg_fused_free(tg_fused *f)
     if (!f) return;
     for (int b = 0; b < TG_BACKEND_COUNT; b++) tg_tensor_release(f->prog[b]);
     free(f);
+}
+
+/* ---- programs from replay (ops/fused_plan.h) */
+bool tg__fused_can_step(const tg_op *op)
+{
+    return code_of(op) >= 0;
+}
+
+bool tg__fused_sums_all(const tg_op *op, const tg_op_attrs *a)
+{
+    extern const tg_op tg__op_sum;
+    return op == &tg__op_sum && a->nints == 0;
+}
+
+tg_tensor *tg__fused_program(int nin, int n, const tg_op *const *op,
+                             const tg_op_attrs *const *attrs, const int *a, const int *b,
+                             tg_backend be)
+{
+    if (nin < 1 || nin > TG_FUSED_MAX_INPUTS || n < 1 || n > TG_FUSED_MAX_OPS) {
+        tg__err(TG_ERR_INVALID, "fused program: %d inputs and %d steps", nin, n);
+        return NULL;
+    }
+    int64_t len = HEAD + STEP * (int64_t)n;
+    tg_tensor *t = tg__tensor_empty(TG_I64, 1, &len, be);
+    if (!t) return NULL;
+    int64_t *w = tg__tensor_ptr(t);
+    w[0] = PROG_MAGIC;
+    w[1] = nin;
+    w[2] = n;
+    for (int j = 0; j < n; j++) {
+        int64_t *sw = w + HEAD + STEP * j;
+        sw[0] = code_of(op[j]);
+        sw[1] = a[j];
+        sw[2] = b[j];
+        sw[3] = bits_of(attrs[j]->scalar);
+        sw[4] = bits_of(attrs[j]->nints > 0 ? tg__attrs_get_f64(attrs[j], 0) : 0.0);
+    }
+    prog pr; /* the words as a call will check them */
+    if (decode(tg__fused_op(nin, false), t, nin, &pr)) {
+        tg_tensor_release(t);
+        return NULL;
+    }
+    return t;
 }
 
 /* ---- gradcheck cases: one function per arity, on f64 inputs in [-1, 1) */

@@ -20,10 +20,12 @@
  * policy still decides what the nodes save and what backward recomputes).
  * Inputs are tensors marked with tg_tape_input: tracked (ops on them are
  * recorded) but never given a gradient. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dispatch/dispatch.h"
+#include "ops/fused_plan.h"
 #include "tape/tape_internal.h"
 
 enum { STEP_OP, STEP_BEGIN, STEP_END };
@@ -40,7 +42,17 @@ typedef struct tg__replay_op {
     bool record;  /* recorded as a node (else re-run only) */
     bool view;    /* out shares an input's storage: forward makes a view */
     int32_t label;
+    int32_t group; /* 1 + the index of the fused run this step starts; 0: none */
 } tg__replay_op;
+
+/* A run of program steps k0..k1 that a replay may run as one fused call
+ * (call: the fused op on the run's inputs and program, into the run's
+ * last result). */
+typedef struct tg__replay_group {
+    int64_t k0, k1;
+    tg__replay_op call;
+    int32_t refs[TG_FUSED_MAX_OPS]; /* steps k0..k1-1: the program's references to each result */
+} tg__replay_group;
 
 static tg__replay_op *prog_push(tg_tape *tape)
 {
@@ -92,6 +104,19 @@ tg_tape *tg__replay_tape_of(int n, tg_tensor *const *in)
     return NULL;
 }
 
+static void groups_free(tg_tape *tape)
+{
+    for (int64_t g = 0; g < tape->ngroups; g++) {
+        tg__replay_op *c = &tape->groups[g].call;
+        for (int i = 0; i < c->nin; i++) tg_tensor_release(c->in[i]);
+        tg_tensor_release(c->out);
+    }
+    for (int64_t k = 0; k < tape->nprog; k++) tape->prog[k].group = 0;
+    free(tape->groups);
+    tape->groups = NULL;
+    tape->ngroups = tape->planned_nprog = 0;
+}
+
 void tg__replay_free(tg_tape *tape)
 {
     for (int64_t k = 0; k < tape->nprog; k++) {
@@ -103,6 +128,7 @@ void tg__replay_free(tg_tape *tape)
     free(tape->prog);
     tape->prog = NULL;
     tape->nprog = tape->capprog = 0;
+    groups_free(tape);
     tape->prog_marks = tape->replay_armed = false;
 }
 
@@ -289,6 +315,241 @@ drop:
     return st;
 }
 
+/* ---- Fused runs.
+ *
+ * A run of consecutive program calls of pointwise ops (the steps a fused
+ * function may hold: ops/fused_plan.h) over one large shape, whose results
+ * are read only inside the run but for the last one, can run as one fused
+ * call (fused.c): block by block in cache, writing only the last result and
+ * what the backward reads. A run may end with a sum of every element of
+ * its last result, which then runs as tg_fused_sum (the sum's gradient made
+ * with the forward). The call's node stands for the run's nodes, and its
+ * result and gradients are theirs bit for bit where each input's gradient
+ * comes from one place (fused.c): so an input read twice inside a run (x *
+ * x, or x in two calls) is read nowhere outside it, else the run is not
+ * fused (the sweep would add the outside contribution between the inside
+ * ones).
+ *
+ * A run's middle results are the program's alone when nothing else holds
+ * them: each replay checks their reference counts (what the program holds,
+ * no scope, no view) before it fuses, and runs the calls one by one where
+ * the user kept one. Only where the record is plain (the NONE policy, no
+ * segments, hooks or anomaly mode, what can_rearm asks) and not turned off
+ * (opts.replay_unfused). The plan is made at the first replay and again
+ * when the program grows. */
+#define FUSE_MIN_ELEMS 4096 /* below this, a call's own cost is the larger part */
+
+/* The program's reads of one tensor a fusable call reads or makes. */
+typedef struct use {
+    const tg_tensor *t;
+    int64_t reads;     /* operand places that read it, in the whole program */
+    int64_t last_read; /* the last step that reads it (-1: none) */
+} use;
+
+typedef struct use_map {
+    use *v;
+    size_t mask;
+} use_map;
+
+static use *use_at(use_map *m, const tg_tensor *t, bool add)
+{
+    uint64_t h = (uint64_t)(uintptr_t)t * UINT64_C(0x9E3779B97F4A7C15);
+    size_t i = (size_t)(h >> 24) & m->mask;
+    while (m->v[i].t) {
+        if (m->v[i].t == t) return &m->v[i];
+        i = (i + 1) & m->mask;
+    }
+    if (!add) return NULL;
+    m->v[i] = (use){.t = t, .reads = 0, .last_read = -1};
+    return &m->v[i];
+}
+
+/* Whether call e may be a step of a fused run: a pointwise op on float
+ * operands of its result's shape, contiguous, large enough. */
+static bool fusable(const tg__replay_op *e)
+{
+    if (e->kind != STEP_OP || e->view || !tg__fused_can_step(e->op)) return false;
+    const tg_tensor *o = e->out;
+    if (!o->contiguous || (o->dtype != TG_F32 && o->dtype != TG_F64) ||
+        o->numel < FUSE_MIN_ELEMS)
+        return false;
+    for (int i = 0; i < e->nin; i++) {
+        const tg_tensor *x = e->in[i];
+        if (!x->contiguous || x->dtype != o->dtype || x->backend != o->backend ||
+            !tg__same_shape(x->ndim, x->shape, o->ndim, o->shape))
+            return false;
+    }
+    return true;
+}
+
+/* Whether call e may follow fusable call p in a run: same shape, dtype,
+ * backend and recording. */
+static bool joins(const tg__replay_op *p, const tg__replay_op *e)
+{
+    const tg_tensor *a = p->out, *b = e->out;
+    return fusable(e) && e->record == p->record && a->dtype == b->dtype &&
+           a->backend == b->backend && tg__same_shape(a->ndim, a->shape, b->ndim, b->shape);
+}
+
+/* Whether call e sums every element of p's result (a run's last call). */
+static bool sums(const tg__replay_op *p, const tg__replay_op *e)
+{
+    return e->kind == STEP_OP && e->nin == 1 && e->in[0] == p->out && e->record == p->record &&
+           tg__fused_sums_all(e->op, &e->attrs);
+}
+
+/* Makes group g of calls s..t (t the result, maybe a sum) if they may run
+ * fused; false otherwise, and on an error (then cleared: the calls run one
+ * by one). */
+static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__replay_group *g)
+{
+    const tg__replay_op *P = tape->prog;
+    bool sum = t > s && !fusable(&P[t]);
+    int nsteps = (int)(t - s + 1) - sum;
+    if (t - s + 1 < 2 || nsteps > TG_FUSED_MAX_OPS) return false;
+    tg_tensor *in[TG_FUSED_MAX_INPUTS];
+    bool tracked[TG_FUSED_MAX_INPUTS];
+    int64_t inside[TG_FUSED_MAX_INPUTS] = {0};
+    int nin = 0, a[TG_FUSED_MAX_OPS], b[TG_FUSED_MAX_OPS];
+    const tg_op *op[TG_FUSED_MAX_OPS];
+    const tg_op_attrs *at[TG_FUSED_MAX_OPS];
+    for (int64_t k = s; k < t; k++) /* middle results: read inside only */
+        if (use_at(m, P[k].out, false)->last_read > t) return false;
+    for (int j = 0; j < nsteps; j++) {
+        const tg__replay_op *e = &P[s + j];
+        op[j] = e->op;
+        at[j] = &e->attrs;
+        b[j] = -1;
+        for (int i = 0; i < e->nin; i++) {
+            int ref = -1; /* an earlier step's result: MAX_INPUTS + its index, for now */
+            for (int k = j - 1; k >= 0 && ref < 0; k--)
+                if (P[s + k].out == e->in[i]) ref = TG_FUSED_MAX_INPUTS + k;
+            if (ref < 0) {
+                for (int q = 0; q < nin && ref < 0; q++)
+                    if (in[q] == e->in[i]) ref = q;
+                if (ref < 0) {
+                    if (nin == TG_FUSED_MAX_INPUTS) return false;
+                    in[nin] = e->in[i];
+                    tracked[nin] = e->tracked[i];
+                    ref = nin++;
+                }
+                inside[ref]++;
+            }
+            *(i ? &b[j] : &a[j]) = ref;
+        }
+    }
+    /* An input read twice inside and also outside would get the outside
+     * gradient between the inside ones, unfused. */
+    for (int q = 0; q < nin; q++)
+        if (tracked[q] && !in[q]->nograd && inside[q] > 1 &&
+            use_at(m, in[q], false)->reads > inside[q])
+            return false;
+    for (int j = 0; j < nsteps; j++) { /* step refs after the inputs */
+        if (a[j] >= TG_FUSED_MAX_INPUTS) a[j] = a[j] - TG_FUSED_MAX_INPUTS + nin;
+        if (b[j] >= TG_FUSED_MAX_INPUTS) b[j] = b[j] - TG_FUSED_MAX_INPUTS + nin;
+    }
+    tg_tensor *pg = tg__fused_program(nin, nsteps, op, at, a, b, P[t].out->backend);
+    if (!pg) {
+        tg_error_clear();
+        return false;
+    }
+    memset(g, 0, sizeof *g);
+    g->k0 = s;
+    g->k1 = t;
+    tg__replay_op *c = &g->call;
+    c->kind = STEP_OP;
+    c->op = tg__fused_op(nin, sum);
+    c->nin = nin + 1;
+    for (int q = 0; q < nin; q++) {
+        c->in[q] = tg_tensor_retain(in[q]);
+        c->tracked[q] = tracked[q];
+    }
+    c->in[nin] = pg;
+    c->out = tg_tensor_retain(P[t].out);
+    c->out_spec = P[t].out_spec;
+    c->record = P[t].record;
+    c->label = P[t].label;
+    for (int64_t k = s; k < t; k++) /* held as a result, and once per read */
+        g->refs[k - s] = (int32_t)(1 + use_at(m, P[k].out, false)->reads);
+    return true;
+}
+
+/* Plans the program's fused runs (none where memory runs out). */
+static void plan_groups(tg_tape *tape)
+{
+    groups_free(tape);
+    tape->planned_nprog = tape->nprog;
+    const tg__replay_op *P = tape->prog;
+    int64_t n = tape->nprog, cand = 0;
+    for (int64_t k = 0; k < n; k++) cand += fusable(&P[k]);
+    if (cand < 2) return;
+    size_t cap = 16;
+    while (cap < (size_t)cand * 8) cap *= 2;
+    use_map m = {calloc(cap, sizeof(use)), cap - 1};
+    tg__replay_group *gs = NULL;
+    int64_t ng = 0, capg = 0;
+    if (!m.v) return;
+    for (int64_t k = 0; k < n; k++) {
+        if (!fusable(&P[k])) continue;
+        use_at(&m, P[k].out, true);
+        for (int i = 0; i < P[k].nin; i++) use_at(&m, P[k].in[i], true);
+    }
+    for (int64_t k = 0; k < n; k++) {
+        if (P[k].kind != STEP_OP) continue;
+        for (int i = 0; i < P[k].nin; i++) {
+            use *u = use_at(&m, P[k].in[i], false);
+            if (u) u->reads++, u->last_read = k;
+        }
+    }
+    for (int64_t s = 0; s < n;) {
+        if (!fusable(&P[s])) {
+            s++;
+            continue;
+        }
+        int64_t e = s; /* the longest run from s, then the longest valid one */
+        while (e + 1 < n && e - s + 1 < TG_FUSED_MAX_OPS && joins(&P[s], &P[e + 1])) e++;
+        if (e + 1 < n && sums(&P[e], &P[e + 1])) e++;
+        tg__replay_group g;
+        int64_t t = e;
+        while (t > s && !group_make(tape, &m, s, t, &g)) t--;
+        if (t == s) {
+            s++;
+            continue;
+        }
+        if (ng == capg) {
+            int64_t nc = capg ? 2 * capg : 4;
+            tg__replay_group *v = realloc(gs, (size_t)nc * sizeof *v);
+            if (!v) {
+                tape->groups = gs, tape->ngroups = ng;
+                tg__replay_op *c = &g.call;
+                for (int i = 0; i < c->nin; i++) tg_tensor_release(c->in[i]);
+                tg_tensor_release(c->out);
+                break;
+            }
+            gs = v, capg = nc;
+        }
+        gs[ng++] = g;
+        s = t + 1;
+    }
+    free(m.v);
+    tape->groups = gs;
+    tape->ngroups = ng;
+    for (int64_t g = 0; g < ng; g++) tape->prog[gs[g].k0].group = (int32_t)(g + 1);
+}
+
+/* Whether group g's middle results are the program's alone now: held by
+ * it only (no scope, no user reference, no view of their storage). */
+static bool group_ready(const tg_tape *tape, const tg__replay_group *g)
+{
+    for (int64_t k = g->k0; k < g->k1; k++) {
+        const tg_tensor *o = tape->prog[k].out;
+        if (o->refcount != g->refs[k - g->k0] || o->scope_owned ||
+            atomic_load(&o->storage->refcount) != 1)
+            return false;
+    }
+    return true;
+}
+
 /* Whether this replay may keep the record the last one made and give its
  * nodes back their saves (node_rearm) instead of recording them again:
  * the same bits, since the nodes are those a new record would make, only
@@ -297,12 +558,17 @@ drop:
  * hooks, no anomaly mode, and the record untouched since (same generation,
  * nothing recorded after it), each recorded step's output still node k of
  * it. Elsewhere the replay records again. */
+static bool plain_record(const tg_tape *tape)
+{
+    return tape->opts.policy == TG_CHECKPOINT_NONE && !tape->prog_marks && !tape->segment_depth &&
+           !tape->opts.anomaly && !tape->watch && !tape->any_hooks && !tape->nhooks &&
+           !tape->nleaf_hooks && !tape->pack && !tape->npacks;
+}
+
 static bool can_rearm(const tg_tape *tape)
 {
     if (!tape->replay_armed || tape->armed_gen != tape->gen || tape->armed_nodes != tape->nnodes ||
-        tape->opts.policy != TG_CHECKPOINT_NONE || tape->prog_marks || tape->segment_depth ||
-        tape->opts.anomaly || tape->watch || tape->any_hooks || tape->nhooks ||
-        tape->nleaf_hooks || tape->pack || tape->npacks)
+        !plain_record(tape))
         return false;
     int64_t k = 0;
     for (int64_t j = 0; j < tape->nprog; j++) {
@@ -339,7 +605,10 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
         if ((st = copy_elems(inputs[k], values[k]))) return st;
         tg__tensor_written(inputs[k]);
     }
-    bool fast = can_rearm(tape);
+    bool fuse = !tape->opts.replay_unfused && plain_record(tape);
+    if (fuse && tape->planned_nprog != tape->nprog) plan_groups(tape);
+    fuse = fuse && tape->ngroups > 0;
+    bool fast = !fuse && can_rearm(tape);
     int64_t node = 0;
     if (fast) {
         /* The nodes stay; what a backward with retain (or a partial
@@ -354,8 +623,18 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
     tape->replay_armed = false;
     tape->replaying = true;
     int32_t label = tape->cur_label;
-    for (int64_t k = 0; k < tape->nprog && st == TG_OK; k++)
-        st = run_step(tape, &tape->prog[k], fast ? &node : NULL);
+    tape->fused_steps = 0;
+    for (int64_t k = 0; k < tape->nprog && st == TG_OK; k++) {
+        tg__replay_op *e = &tape->prog[k];
+        const tg__replay_group *g = fuse && e->group ? &tape->groups[e->group - 1] : NULL;
+        if (g && group_ready(tape, g)) {
+            st = run_step(tape, (tg__replay_op *)&g->call, NULL);
+            tape->fused_steps += g->k1 - g->k0 + 1;
+            k = g->k1;
+        } else {
+            st = run_step(tape, e, fast ? &node : NULL);
+        }
+    }
     tape->cur_label = label;
     tape->replaying = false;
     if (st) {
@@ -373,4 +652,9 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
 int64_t tg_tape_replay_steps(const tg_tape *tape)
 {
     return tape ? tape->nprog : 0;
+}
+
+int64_t tg_tape_replay_fused_steps(const tg_tape *tape)
+{
+    return tape ? tape->fused_steps : 0;
 }

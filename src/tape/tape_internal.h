@@ -161,6 +161,11 @@ struct tg_tape {
      * them (dispatch then captures nothing). */
     struct tg__replay_op *prog;
     int64_t nprog, capprog;
+    /* Runs of the program replay fuses (replay.c), planned when the
+     * program had planned_nprog steps (replanned when it grows). */
+    struct tg__replay_group *groups;
+    int64_t ngroups, planned_nprog;
+    int64_t fused_steps; /* steps the last replay ran inside fused calls */
     bool replaying;
     bool prog_marks;     /* the program has checkpoint segments */
     /* The record is the one the last replay made (armed_gen, armed_nodes
