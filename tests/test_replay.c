@@ -924,3 +924,165 @@ Test(replay, small_shapes_and_replay_unfused_run_every_call)
                            (tg_tape_opts){.policy = TG_CHECKPOINT_BALANCED}, false, 0, nodes);
     }
 }
+
+/* ---- Random programs: pointwise calls (maps, and add, sub and mul of
+ * any two values, the same one twice included) mixed with calls that are
+ * not fused steps (div, softmax), middle results the user sometimes keeps,
+ * and a loss of sums and means of several values. Each replay must give
+ * recording's loss, gradients and kept values bit for bit. */
+#define RP_VALS 24
+
+typedef struct rp_prog {
+    int n;               /* calls */
+    int kind[RP_VALS];   /* 0 map, 1 add, 2 sub, 3 mul, 4 div, 5 softmax */
+    int map[RP_VALS];    /* kind 0: which map */
+    int a[RP_VALS], b[RP_VALS];
+    bool keep[RP_VALS];
+    int loss[3];         /* sum of value loss[0], mean of loss[1], sum of loss[2] */
+} rp_prog;
+
+static uint64_t rp_next(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+static void rp_prog_make(rp_prog *g, uint64_t seed)
+{
+    uint64_t s = seed * 0x9E3779B97F4A7C15u + 1;
+    memset(g, 0, sizeof *g);
+    g->n = 3 + (int)(rp_next(&s) % (RP_VALS - 6));
+    for (int j = 0; j < g->n; j++) {
+        int have = 3 + j; /* p0, p1, d, then the calls' results */
+        int r = (int)(rp_next(&s) % 16);
+        g->kind[j] = r < 8 ? 0 : r < 10 ? 1 : r < 11 ? 2 : r < 14 ? 3 : r < 15 ? 4 : 5;
+        g->map[j] = (int)(rp_next(&s) % 8);
+        /* mostly the latest values: chains, with fan-out now and then */
+        int back = (int)(rp_next(&s) % 4 == 0 ? rp_next(&s) % (uint64_t)have
+                                               : rp_next(&s) % (uint64_t)(have < 3 ? have : 3));
+        g->a[j] = have - 1 - back;
+        g->b[j] = rp_next(&s) % 5 == 0 ? g->a[j] : (int)(rp_next(&s) % (uint64_t)have);
+        g->keep[j] = rp_next(&s) % 9 == 0;
+    }
+    int last = 3 + g->n - 1;
+    g->loss[0] = last;
+    g->loss[1] = (int)(rp_next(&s) % (uint64_t)(last + 1));
+    g->loss[2] = (int)(rp_next(&s) % (uint64_t)(last + 1));
+}
+
+static tg_tensor *rp_map(int m, tg_tensor *x)
+{
+    switch (m) {
+    case 0: return tg_tanh(x);
+    case 1: return tg_sigmoid(x);
+    case 2: return tg_sin(x);
+    case 3: return tg_add_scalar(x, 0.25);
+    case 4: return tg_mul_scalar(x, 0.5);
+    case 5: return tg_silu(x);
+    case 6: return tg_neg(x);
+    default: return tg_softplus(x, 1.0, 20.0);
+    }
+}
+
+/* The program on p0, p1 and d; kept[j]: call j's result where keep[j]. */
+static tg_tensor *rp_prog_run(const rp_prog *g, tg_tensor *p0, tg_tensor *p1, tg_tensor *d,
+                              tg_tensor **kept)
+{
+    tg_tensor *v[3 + RP_VALS] = {p0, p1, d};
+    for (int j = 0; j < g->n; j++) {
+        tg_tensor *a = v[g->a[j]], *b = v[g->b[j]], *y;
+        switch (g->kind[j]) {
+        case 0: y = rp_map(g->map[j], a); break;
+        case 1: y = tg_add(a, b); break;
+        case 2: y = tg_sub(a, b); break;
+        case 3: y = tg_mul(a, b); break;
+        case 4: y = tg_div(a, tg_add_scalar(tg_mul(b, b), 1.0)); break;
+        default: y = tg_softmax(a, 1); break;
+        }
+        cr_assert(y, "call %d: %s", j, tg_last_error_message());
+        v[3 + j] = y;
+        kept[j] = g->keep[j] ? y : NULL;
+    }
+    tg_tensor *l = tg_add(tg_sum(v[g->loss[0]]), tg_mean(v[g->loss[1]]));
+    l = tg_add(l, tg_sum(v[g->loss[2]]));
+    /* p0 always reaches the loss; p1 only through the calls (or not at
+     * all: then it has no gradient, fused or not). */
+    (void)p1;
+    return tg_add(l, tg_mean(p0));
+}
+
+Test(replay, random_programs_replay_fused_bitwise)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    int64_t fused_total = 0;
+    const int64_t shape[2] = {40, 128}; /* 5120 elements */
+    for (uint64_t seed = 1; seed <= 120; seed++) {
+        rp_prog g;
+        rp_prog_make(&g, seed);
+        tg_dtype dt = seed % 3 == 0 ? TG_F64 : TG_F32;
+        tg_scope_begin();
+        tg_rng r;
+        tg_rng_seed(&r, seed);
+        tg_tensor *p[2], *vals[2], *ref[2][3], *ref_kept[2][RP_VALS];
+        for (int i = 0; i < 2; i++) p[i] = tg_rand_uniform(&r, dt, 2, shape, -1.2, 1.2);
+        for (int k = 0; k < 2; k++) vals[k] = tg_rand_uniform(&r, dt, 2, shape, -1.2, 1.2);
+        for (int k = 0; k < 2; k++) {
+            tg_tape *t = tg_tape_new(NULL);
+            for (int i = 0; i < 2; i++) cr_assert_eq(tg_requires_grad(t, p[i]), TG_OK);
+            tg_scope_begin();
+            tg_tensor *kept[RP_VALS];
+            tg_tensor *loss = rp_prog_run(&g, p[0], p[1], vals[k], kept);
+            cr_assert_eq(tg_backward(loss), TG_OK, "seed %llu: %s", (unsigned long long)seed,
+                         tg_last_error_message());
+            ref[k][0] = copy_of(loss);
+            for (int j = 0; j < g.n; j++) ref_kept[k][j] = kept[j] ? copy_of(kept[j]) : NULL;
+            tg_scope_end();
+            for (int i = 0; i < 2; i++) {
+                tg_tensor *gr = tg_grad(p[i]);
+                ref[k][1 + i] = gr ? copy_of(gr) : NULL;
+                tg_grad_zero(p[i]);
+            }
+            tg_tape_free(t);
+        }
+        tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true});
+        tg_tensor *d = tg_zeros(dt, 2, shape), *kept[RP_VALS];
+        cr_assert_eq(tg_tape_input(t, d), TG_OK);
+        for (int i = 0; i < 2; i++) cr_assert_eq(tg_requires_grad(t, p[i]), TG_OK);
+        tg_scope_begin();
+        tg_tensor *loss = tg_tensor_retain(rp_prog_run(&g, p[0], p[1], d, kept));
+        for (int j = 0; j < g.n; j++) tg_tensor_retain(kept[j]);
+        tg_scope_end();
+        for (int k = 0; k < 2; k++) {
+            cr_assert_eq(tg_tape_replay(t, 1, &d, &vals[k]), TG_OK, "%s",
+                         tg_last_error_message());
+            fused_total += tg_tape_replay_fused_steps(t);
+            cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+            cr_expect(same_bits(loss, ref[k][0]), "seed %llu, batch %d: loss differs",
+                      (unsigned long long)seed, k);
+            for (int i = 0; i < 2; i++) {
+                tg_tensor *gr = tg_grad(p[i]);
+                cr_expect(gr ? ref[k][1 + i] && same_bits(gr, ref[k][1 + i]) : !ref[k][1 + i],
+                          "seed %llu, batch %d: gradient %d differs (%s, recording %s)",
+                          (unsigned long long)seed, k, i, gr ? "made" : "none",
+                          ref[k][1 + i] ? "made" : "none");
+                tg_grad_zero(p[i]);
+            }
+            for (int j = 0; j < g.n; j++)
+                if (kept[j])
+                    cr_expect(same_bits(kept[j], ref_kept[k][j]),
+                              "seed %llu, batch %d: kept value %d differs",
+                              (unsigned long long)seed, k, j);
+        }
+        tg_tensor_release(loss);
+        for (int j = 0; j < g.n; j++) tg_tensor_release(kept[j]);
+        tg_tape_free(t);
+        for (int k = 0; k < 2; k++) {
+            tu_release_all(ref[k], 3);
+            for (int j = 0; j < g.n; j++) tg_tensor_release(ref_kept[k][j]);
+        }
+        tg_scope_end();
+    }
+    /* The programs exercise fusion: many of their calls ran fused. */
+    cr_expect_gt(fused_total, 400, "only %lld steps ran fused", (long long)fused_total);
+    tu_expect_no_leaks(mem0);
+}

@@ -319,7 +319,8 @@ drop:
  *
  * A run of consecutive program calls of pointwise ops (the steps a fused
  * function may hold: ops/fused_plan.h) over one large shape, whose results
- * are read only inside the run but for the last one, can run as one fused
+ * but the last one are read inside the run and nowhere else (so every
+ * call reaches the last one), can run as one fused
  * call (fused.c): block by block in cache, writing only the last result and
  * what the backward reads. A run may end with a sum of every element of
  * its last result, which then runs as tg_fused_sum (the sum's gradient made
@@ -413,8 +414,13 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
     int nin = 0, a[TG_FUSED_MAX_OPS], b[TG_FUSED_MAX_OPS];
     const tg_op *op[TG_FUSED_MAX_OPS];
     const tg_op_attrs *at[TG_FUSED_MAX_OPS];
-    for (int64_t k = s; k < t; k++) /* middle results: read inside only */
-        if (use_at(m, P[k].out, false)->last_read > t) return false;
+    /* Middle results: read inside only, and read there (a value nothing
+     * reads would make its inputs zero gradients where the sweep, never
+     * reaching them from it, makes none). */
+    for (int64_t k = s; k < t; k++) {
+        const use *u = use_at(m, P[k].out, false);
+        if (u->last_read > t || u->reads == 0) return false;
+    }
     for (int j = 0; j < nsteps; j++) {
         const tg__replay_op *e = &P[s + j];
         op[j] = e->op;
