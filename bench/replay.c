@@ -237,11 +237,10 @@ typedef struct rp_elem {
     tg_tape *tape;
 } rp_elem;
 
-static tg_status rp_elem_init(rp_elem *e, tg_tape_opts *opts)
+static tg_status rp_elem_init(rp_elem *e, const tg_tape_opts *opts)
 {
     tg_rng rng;
     tg_rng_seed(&rng, 3);
-    memset(e, 0, sizeof *e);
     if (!(e->ps = tg_params_new()) ||
         !(e->x = tg_params_add(e->ps, "x", TG_F32, 1, (int64_t[]){RP_ELEM_N})) ||
         tg_init_uniform(e->x, &rng, -2, 2) || !(e->tape = tg_tape_new(opts)))
@@ -282,35 +281,45 @@ static int rp_elem_run(bool quick)
 {
     int threads = tg_set_num_threads(1); /* the fused pass runs on one */
     rp_elem c[3]; /* recording, replay, replay unfused */
-    tg_tape_opts fo = {.replay = true}, uo = {.replay = true, .replay_unfused = true};
-    tg_status st = rp_elem_init(&c[0], NULL);
-    tg_status s1 = rp_elem_init(&c[1], &fo), s2 = rp_elem_init(&c[2], &uo);
-    st = st ? st : s1 ? s1 : s2;
+    memset(c, 0, sizeof c);
+    tg_tape_opts opts[3] = {{0}, {.replay = true}, {.replay = true, .replay_unfused = true}};
     char err[256] = "";
-    void *base = st ? NULL : bench_wl_elementwise.setup(err, sizeof err);
-    if (!st && !base) st = TG_ERR_INVALID;
-    /* One step of each, gradients kept, compared bit for bit. */
+    tg_status st = TG_OK;
+    /* Each made, then one step of it, its gradient kept (compared bit for
+     * bit below) and the bytes it holds between steps counted. */
     bool same = false;
     int64_t fused = 0;
-    if (!st) {
-        float *g[3] = {NULL, NULL, NULL};
-        for (int k = 0; k < 3 && !st; k++) {
-            if (k) st = tg_tape_replay(c[k].tape, 0, NULL, NULL);
-            tg_scope_begin();
-            tg_tensor *loss = k ? c[k].loss : rp_elem_loss(c[k].x);
-            if (!st) st = loss ? tg_backward(loss) : tg_last_error();
-            tg_tensor *gr = st ? NULL : tg_grad(c[k].x);
-            if (gr && (g[k] = malloc(RP_ELEM_N * sizeof(float))))
-                memcpy(g[k], tg_tensor_data_ro(gr), RP_ELEM_N * sizeof(float));
-            tg_scope_end();
-            if (!k) tg_tape_reset(c[0].tape);
-            tg_params_zero_grad(c[k].ps);
-        }
-        fused = tg_tape_replay_fused_steps(c[1].tape);
-        same = !st && g[0] && g[1] && g[2] && !memcmp(g[0], g[1], RP_ELEM_N * sizeof(float)) &&
-               !memcmp(g[0], g[2], RP_ELEM_N * sizeof(float));
-        for (int k = 0; k < 3; k++) free(g[k]);
+    size_t held[3] = {0}, peak[3] = {0};
+    float *g[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3 && !st; k++) {
+        size_t m0 = tg_mem_current_bytes();
+        st = rp_elem_init(&c[k], k ? &opts[k] : NULL);
+        if (!st && k) st = tg_tape_replay(c[k].tape, 0, NULL, NULL);
+        tg_scope_begin();
+        tg_tensor *loss = k ? c[k].loss : st ? NULL : rp_elem_loss(c[k].x);
+        if (!st) st = loss ? tg_backward(loss) : tg_last_error();
+        tg_tensor *gr = st ? NULL : tg_grad(c[k].x);
+        if (gr && (g[k] = malloc(RP_ELEM_N * sizeof(float))))
+            memcpy(g[k], tg_tensor_data_ro(gr), RP_ELEM_N * sizeof(float));
+        tg_scope_end();
+        if (!k) tg_tape_reset(c[0].tape);
+        if (c[k].ps) tg_params_zero_grad(c[k].ps);
+        held[k] = tg_mem_current_bytes() - m0;
     }
+    for (int k = 0; k < 3 && !st; k++) { /* a step's peak above what is held */
+        size_t m = tg_mem_current_bytes();
+        tg_mem_reset_peak();
+        st = rp_elem_step(&c[k]);
+        peak[k] = tg_mem_peak_bytes() - m;
+    }
+    if (!st) {
+        fused = tg_tape_replay_fused_steps(c[1].tape);
+        same = g[0] && g[1] && g[2] && !memcmp(g[0], g[1], RP_ELEM_N * sizeof(float)) &&
+               !memcmp(g[0], g[2], RP_ELEM_N * sizeof(float));
+    }
+    for (int k = 0; k < 3; k++) free(g[k]);
+    void *base = st ? NULL : bench_wl_elementwise.setup(err, sizeof err);
+    if (!st && !base) st = TG_ERR_INVALID;
     int rounds = quick ? 3 : 15, reps = quick ? 3 : 20;
     double t[4][64], r_pass[64], r_rec[64], r_unf[64];
     for (int r = 0; r < rounds && !st; r++) {
@@ -342,6 +351,11 @@ static int rp_elem_run(bool quick)
         printf("       replay / fused pass %.2fx (rounds %.2f-%.2f); record/replay %.2fx "
                "(%.2f-%.2f); unfused/replay %.2fx (%.2f-%.2f)\n",
                a.median, a.min, a.max, b.median, b.min, b.max, u.median, u.min, u.max);
+        const double MB = 1024.0 * 1024.0;
+        printf("       MiB held between steps (parameter, gradient, program): record %.1f, "
+               "replay %.1f, unfused %.1f; a step's peak above that: %.1f, %.1f, %.1f\n",
+               held[0] / MB, held[1] / MB, held[2] / MB, peak[0] / MB, peak[1] / MB,
+               peak[2] / MB);
     } else {
         fprintf(stderr, "tapegrad bench replay: elementwise: %s\n",
                 err[0] ? err : tg_last_error_message());

@@ -807,6 +807,7 @@ typedef struct fz_case {
     const char *name;
     fz_fn f;
     int64_t fused, nodes; /* after each replay, where it fuses */
+    int64_t unfused_nodes; /* where it runs every call */
 } fz_case;
 
 /* Records f on a fresh tape per batch (the reference), then replays one
@@ -853,12 +854,19 @@ static void check_fused_replay(const fz_case *c, tg_dtype dt, tg_backend be, int
     tg_tensor *loss = tg_tensor_retain(c->f(p, d, hold ? &keep : NULL));
     tg_tensor_retain(keep);
     tg_scope_end();
-    for (int k = 0; k < 2; k++) {
+    /* Two replays, then one in anomaly mode (every call again: a fused
+     * run's middle results are made anew) and one after it (fused). */
+    for (int r = 0; r < 4; r++) {
+        int k = r % 2;
+        bool anomaly = r == 2;
+        cr_assert_eq(tg_tape_set_anomaly(t, anomaly), TG_OK);
         cr_assert_eq(tg_tape_replay(t, 1, &d, &vals[k]), TG_OK, "%s", tg_last_error_message());
-        cr_expect_eq(tg_tape_replay_fused_steps(t), want_fused, "%s %s %s n %lld: %lld fused",
-                     c->name, tg_dtype_name(dt), tg_backend_name(be), (long long)n,
+        int64_t fused = anomaly ? 0 : want_fused;
+        int64_t nodes = anomaly ? c->unfused_nodes : want_nodes;
+        cr_expect_eq(tg_tape_replay_fused_steps(t), fused, "%s %s %s n %lld, replay %d: %lld fused",
+                     c->name, tg_dtype_name(dt), tg_backend_name(be), (long long)n, r,
                      (long long)tg_tape_replay_fused_steps(t));
-        cr_expect_eq(tg_tape_node_count(t), want_nodes, "%s: %lld nodes", c->name,
+        cr_expect_eq(tg_tape_node_count(t), nodes, "%s, replay %d: %lld nodes", c->name, r,
                      (long long)tg_tape_node_count(t));
         cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
         cr_expect(same_bits(loss, ref_loss[k]), "%s %s %s, batch %d: loss differs", c->name,
@@ -886,10 +894,10 @@ static void check_fused_replay(const fz_case *c, tg_dtype dt, tg_backend be, int
 }
 
 static const fz_case fz_cases[] = {
-    {"chain", fz_chain, 6, 1},
-    {"three", fz_three, 7, 2},
-    {"outside", fz_outside, 4, 4},
-    {"cut", fz_cut, 4, 4},
+    {"chain", fz_chain, 6, 1, 6},
+    {"three", fz_three, 7, 2, 8},
+    {"outside", fz_outside, 4, 4, 6},
+    {"cut", fz_cut, 4, 4, 7},
 };
 
 Test(replay, runs_of_pointwise_calls_fuse_bitwise_on_both_backends)
@@ -928,8 +936,9 @@ Test(replay, small_shapes_and_replay_unfused_run_every_call)
 /* ---- Random programs: pointwise calls (maps, and add, sub and mul of
  * any two values, the same one twice included) mixed with calls that are
  * not fused steps (div, softmax), middle results the user sometimes keeps,
- * and a loss of sums and means of several values. Each replay must give
- * recording's loss, gradients and kept values bit for bit. */
+ * and a loss of sums and means of several values, in both dtypes and on
+ * both backends. Each replay must give recording's loss, gradients and
+ * kept values bit for bit. */
 #define RP_VALS 24
 
 typedef struct rp_prog {
@@ -1020,6 +1029,7 @@ Test(replay, random_programs_replay_fused_bitwise)
         rp_prog g;
         rp_prog_make(&g, seed);
         tg_dtype dt = seed % 3 == 0 ? TG_F64 : TG_F32;
+        tg_backend prev = tg_set_default_backend(seed % 4 == 1 ? TG_BACKEND_REF : TG_BACKEND_CPU);
         tg_scope_begin();
         tg_rng r;
         tg_rng_seed(&r, seed);
@@ -1081,8 +1091,103 @@ Test(replay, random_programs_replay_fused_bitwise)
             for (int j = 0; j < g.n; j++) tg_tensor_release(ref_kept[k][j]);
         }
         tg_scope_end();
+        tg_set_default_backend(prev);
     }
     /* The programs exercise fusion: many of their calls ran fused. */
     cr_expect_gt(fused_total, 400, "only %lld steps ran fused", (long long)fused_total);
+    tu_expect_no_leaks(mem0);
+}
+
+/* A fused run's middle results are nobody's after it ran: the program lets
+ * go of them, so a replay tape holds the chain's five middle values less
+ * than one that runs every call. */
+static size_t fz_held_bytes(bool unfused, int64_t n)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_scope_begin();
+    tg_tensor *p[2] = {tg_full(TG_F32, 1, SHAPE(n), 0.5), tg_full(TG_F32, 1, SHAPE(n), 0.25)};
+    tg_tensor *d = tg_full(TG_F32, 1, SHAPE(n), 0.75);
+    tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true, .replay_unfused = unfused});
+    cr_assert_eq(tg_tape_input(t, d), TG_OK);
+    for (int i = 0; i < 2; i++) cr_assert_eq(tg_requires_grad(t, p[i]), TG_OK);
+    tg_scope_begin();
+    tg_tensor *loss = tg_tensor_retain(fz_chain(p, d, NULL));
+    tg_scope_end();
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(tg_tape_replay(t, 1, &d, NULL), TG_OK, "%s", tg_last_error_message());
+        cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+        tg_grad_zero(p[0]);
+    }
+    size_t held = tg_mem_current_bytes() - mem0;
+    tg_tensor_release(loss);
+    tg_tape_free(t);
+    tg_scope_end();
+    return held;
+}
+
+Test(replay, a_fused_run_lets_go_of_its_middle_results)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    const int64_t n = 100000;
+    size_t fused = fz_held_bytes(false, n), unfused = fz_held_bytes(true, n);
+    /* Both hold p0, p1 and d, n floats each; call by call, also the results
+     * of mul, add_scalar, tanh, sigmoid and mul; fused, the program's
+     * words instead (a few hundred bytes). */
+    const size_t v = (size_t)n * sizeof(float);
+    cr_expect_geq(unfused, 8 * v, "held %zu bytes running every call", unfused);
+    cr_expect_geq(fused, 3 * v, "held %zu bytes fused", fused);
+    cr_expect_lt(fused, 3 * v + 4096, "held %zu bytes fused", fused);
+    tu_expect_no_leaks(mem0);
+}
+
+/* A call recorded after a fused replay grows the program: the next replay
+ * plans it again, with the run's middle results made anew first, and runs
+ * the new call on the new loss. */
+Test(replay, a_program_that_grows_after_a_fused_replay_is_planned_again)
+{
+    size_t mem0 = tg_mem_current_bytes();
+    tg_scope_begin();
+    const int64_t n = 6000;
+    tg_rng r;
+    tg_rng_seed(&r, 5);
+    tg_tensor *p[2] = {tg_rand_uniform(&r, TG_F32, 1, SHAPE(n), -1, 1),
+                       tg_rand_uniform(&r, TG_F32, 1, SHAPE(n), -1, 1)};
+    tg_tensor *vals[2] = {tg_rand_uniform(&r, TG_F32, 1, SHAPE(n), -1, 1),
+                          tg_rand_uniform(&r, TG_F32, 1, SHAPE(n), -1, 1)};
+    /* the reference: the chain recorded afresh on the second batch */
+    tg_tape *t = tg_tape_new(NULL);
+    cr_assert_eq(tg_requires_grad(t, p[0]), TG_OK);
+    tg_tensor *ref = tg_tensor_retain(fz_chain(p, vals[1], NULL));
+    cr_assert_eq(tg_backward(ref), TG_OK);
+    tg_tensor *ref_g = tg_tensor_retain(tg_detach(tg_grad(p[0])));
+    tg_grad_zero(p[0]);
+    tg_tape_free(t);
+
+    t = tg_tape_new(&(tg_tape_opts){.replay = true});
+    tg_tensor *d = tg_zeros(TG_F32, 1, SHAPE(n));
+    cr_assert_eq(tg_tape_input(t, d), TG_OK);
+    cr_assert_eq(tg_requires_grad(t, p[0]), TG_OK);
+    tg_scope_begin();
+    tg_tensor *loss = tg_tensor_retain(fz_chain(p, d, NULL));
+    tg_scope_end();
+    cr_assert_eq(tg_tape_replay(t, 1, &d, &vals[0]), TG_OK, "%s", tg_last_error_message());
+    cr_assert_eq(tg_tape_replay_fused_steps(t), 6);
+    int64_t steps = tg_tape_replay_steps(t);
+    tg_scope_begin();
+    tg_tensor *twice = tg_tensor_retain(tg_mul_scalar(loss, 2.0)); /* joins the program */
+    tg_scope_end();
+    cr_assert_eq(tg_tape_replay_steps(t), steps + 1);
+    cr_assert_eq(tg_tape_replay(t, 1, &d, &vals[1]), TG_OK, "%s", tg_last_error_message());
+    cr_expect_eq(tg_tape_replay_fused_steps(t), 6);
+    cr_assert_eq(tg_backward(loss), TG_OK, "%s", tg_last_error_message());
+    cr_expect(same_bits(loss, ref), "loss differs");
+    cr_expect_eq(tu_item(twice), 2.0 * tu_item(ref), "the new call did not see the new loss");
+    cr_expect(same_bits(tg_grad(p[0]), ref_g), "gradient differs");
+    tg_tensor_release(ref);
+    tg_tensor_release(ref_g);
+    tg_tensor_release(twice);
+    tg_tensor_release(loss);
+    tg_tape_free(t);
+    tg_scope_end();
     tu_expect_no_leaks(mem0);
 }

@@ -261,8 +261,9 @@ tg_status tg_tape_set_grad_ready(tg_tape *tape, tg_grad_ready_fn fn, void *userd
  * new record: tg_tape_reset, then record again). Values made outside the
  * recorded forward (untracked tensors, results computed with grad
  * disabled) are constants of the program. The tape keeps every tensor of
- * the forward until tg_tape_reset or tg_tape_free: memory is the NONE
- * policy's. docs/replay.md has the details. */
+ * the forward until tg_tape_reset or tg_tape_free (but the middle results
+ * of fused runs, see tg_tape_replay): memory is the NONE policy's.
+ * docs/replay.md has the details. */
 
 /* Marks t (contiguous, any dtype) as an input of a replay tape: ops on it
  * are recorded but no gradient flows to it (tg_tensor_requires_grad is

@@ -52,6 +52,16 @@ typedef struct tg__replay_group {
     int64_t k0, k1;
     tg__replay_op call;
     int32_t refs[TG_FUSED_MAX_OPS]; /* steps k0..k1-1: the program's references to each result */
+    /* Where the run's calls read a middle result: step k0 + step, its
+     * input arg, the result of step k0 + mid. */
+    struct {
+        uint8_t step, arg, mid;
+    } site[2 * (TG_FUSED_MAX_OPS + 1)];
+    int nsites;
+    /* The program let go of the middle results after a fused run (nothing
+     * could read them); group_restore makes them again where a replay
+     * must run the calls one by one. */
+    bool dropped;
 } tg__replay_group;
 
 static tg__replay_op *prog_push(tg_tape *tape)
@@ -319,10 +329,10 @@ drop:
  *
  * A run of consecutive program calls of pointwise ops (the steps a fused
  * function may hold: ops/fused_plan.h) over one large shape, whose results
- * but the last one are read inside the run and nowhere else (so every
- * call reaches the last one), can run as one fused
- * call (fused.c): block by block in cache, writing only the last result and
- * what the backward reads. A run may end with a sum of every element of
+ * but the last one are read inside the run and nowhere else (so every call
+ * reaches the last one), can run as one fused call (fused.c): block by
+ * block in cache, writing only the last result and what the backward
+ * reads. A run may end with a sum of every element of
  * its last result, which then runs as tg_fused_sum (the sum's gradient made
  * with the forward). The call's node stands for the run's nodes, and its
  * result and gradients are theirs bit for bit where each input's gradient
@@ -337,7 +347,11 @@ drop:
  * the user kept one. Only where the record is plain (the NONE policy, no
  * segments, hooks or anomaly mode, what can_rearm asks) and not turned off
  * (opts.replay_unfused). The plan is made at the first replay and again
- * when the program grows. */
+ * when the program grows.
+ *
+ * After a run's first fused replay nothing can read its middle results,
+ * so the program lets go of them (group_drop); a replay that must run the
+ * calls one by one, or plan again, makes them anew (group_restore). */
 #define FUSE_MIN_ELEMS 4096 /* below this, a call's own cost is the larger part */
 
 /* The program's reads of one tensor a fusable call reads or makes. */
@@ -477,6 +491,15 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
     c->label = P[t].label;
     for (int64_t k = s; k < t; k++) /* held as a result, and once per read */
         g->refs[k - s] = (int32_t)(1 + use_at(m, P[k].out, false)->reads);
+    for (int64_t j = s; j <= t; j++)
+        for (int i = 0; i < P[j].nin; i++)
+            for (int64_t k = s; k < j; k++)
+                if (P[j].in[i] == P[k].out) {
+                    g->site[g->nsites].step = (uint8_t)(j - s);
+                    g->site[g->nsites].arg = (uint8_t)i;
+                    g->site[g->nsites++].mid = (uint8_t)(k - s);
+                    break;
+                }
     return true;
 }
 
@@ -547,6 +570,7 @@ static void plan_groups(tg_tape *tape)
  * it only (no scope, no user reference, no view of their storage). */
 static bool group_ready(const tg_tape *tape, const tg__replay_group *g)
 {
+    if (g->dropped) return true;
     for (int64_t k = g->k0; k < g->k1; k++) {
         const tg_tensor *o = tape->prog[k].out;
         if (o->refcount != g->refs[k - g->k0] || o->scope_owned ||
@@ -554,6 +578,53 @@ static bool group_ready(const tg_tape *tape, const tg__replay_group *g)
             return false;
     }
     return true;
+}
+
+/* After g ran fused: the program lets go of its middle results (group_ready
+ * found no other reference, so this frees them). */
+static void group_drop(tg_tape *tape, tg__replay_group *g)
+{
+    tg__replay_op *P = tape->prog + g->k0;
+    for (int i = 0; i < g->nsites; i++) {
+        tg__replay_op *e = &P[g->site[i].step];
+        tg_tensor_release(e->in[g->site[i].arg]);
+        e->in[g->site[i].arg] = NULL;
+    }
+    for (int64_t k = 0; k < g->k1 - g->k0; k++) {
+        tg_tensor_release(P[k].out);
+        P[k].out = NULL;
+    }
+    g->dropped = true;
+}
+
+/* Makes g's middle results again (new tensors of their recorded specs)
+ * for a replay that runs its calls one by one. TG_ERR_NOMEM (recorded)
+ * leaves g as it was. */
+static tg_status group_restore(tg_tape *tape, tg__replay_group *g)
+{
+    if (!g->dropped) return TG_OK;
+    tg__replay_op *P = tape->prog + g->k0;
+    int64_t n = g->k1 - g->k0;
+    tg_tensor *made[TG_FUSED_MAX_OPS];
+    for (int64_t k = 0; k < n; k++) {
+        made[k] = tg__tensor_empty_spec(&P[k].out_spec, g->call.out->backend);
+        if (!made[k]) {
+            for (int64_t j = 0; j < k; j++) tg_tensor_release(made[j]);
+            return tg__err(TG_ERR_NOMEM, "tape_replay: out of memory for a fused run's values");
+        }
+    }
+    for (int64_t k = 0; k < n; k++) P[k].out = made[k];
+    for (int i = 0; i < g->nsites; i++)
+        P[g->site[i].step].in[g->site[i].arg] = tg_tensor_retain(P[g->site[i].mid].out);
+    g->dropped = false;
+    return TG_OK;
+}
+
+static tg_status groups_restore(tg_tape *tape)
+{
+    tg_status st = TG_OK;
+    for (int64_t g = 0; g < tape->ngroups && !st; g++) st = group_restore(tape, &tape->groups[g]);
+    return st;
 }
 
 /* Whether this replay may keep the record the last one made and give its
@@ -612,6 +683,9 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
         tg__tensor_written(inputs[k]);
     }
     bool fuse = !tape->opts.replay_unfused && plain_record(tape);
+    /* Runs that let go of their middle results get them back before a
+     * replay runs them call by call, or the program is planned again. */
+    if ((!fuse || tape->planned_nprog != tape->nprog) && (st = groups_restore(tape))) return st;
     if (fuse && tape->planned_nprog != tape->nprog) plan_groups(tape);
     fuse = fuse && tape->ngroups > 0;
     bool fast = !fuse && can_rearm(tape);
@@ -632,9 +706,10 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
     tape->fused_steps = 0;
     for (int64_t k = 0; k < tape->nprog && st == TG_OK; k++) {
         tg__replay_op *e = &tape->prog[k];
-        const tg__replay_group *g = fuse && e->group ? &tape->groups[e->group - 1] : NULL;
+        tg__replay_group *g = fuse && e->group ? &tape->groups[e->group - 1] : NULL;
         if (g && group_ready(tape, g)) {
-            st = run_step(tape, (tg__replay_op *)&g->call, NULL);
+            st = run_step(tape, &g->call, NULL);
+            if (!st && !g->dropped) group_drop(tape, g);
             tape->fused_steps += g->k1 - g->k0 + 1;
             k = g->k1;
         } else {
