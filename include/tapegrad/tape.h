@@ -276,7 +276,8 @@ tg_status tg_tape_input(tg_tape *tape, tg_tensor *t);
  * inputs[k]), drops the record and runs the recorded forward again (from
  * the second replay on, under NONE with no segments, hooks or anomaly mode,
  * it keeps the record the last replay made and gives its nodes back their
- * saves instead: the same record, made faster; and it runs each run of
+ * saves instead: the same record, made faster; and, under NONE or
+ * BALANCED with no segments, hooks or anomaly mode, it runs each run of
  * pointwise calls on one shape of 4096 elements or more, whose middle
  * results nothing but the program holds, as one fused call with one node,
  * unless opts.replay_unfused: the same bits, docs/replay.md). Errors

@@ -344,8 +344,8 @@ drop:
  * A run's middle results are the program's alone when nothing else holds
  * them: each replay checks their reference counts (what the program holds,
  * no scope, no view) before it fuses, and runs the calls one by one where
- * the user kept one. Only where the record is plain (the NONE policy, no
- * segments, hooks or anomaly mode, what can_rearm asks) and not turned off
+ * the user kept one. Only where the record is plain (no segments, hooks or
+ * anomaly mode), under NONE or BALANCED, and not turned off
  * (opts.replay_unfused). The plan is made at the first replay and again
  * when the program grows.
  *
@@ -627,6 +627,27 @@ static tg_status groups_restore(tg_tape *tape)
     return st;
 }
 
+/* Whether the record is plain but for its policy: no segments, no pack
+ * or gradient hooks, no anomaly mode (each of which sees the calls one by
+ * one). */
+static bool plain_but_policy(const tg_tape *tape)
+{
+    return !tape->prog_marks && !tape->segment_depth && !tape->opts.anomaly && !tape->watch &&
+           !tape->any_hooks && !tape->nhooks && !tape->nleaf_hooks && !tape->pack && !tape->npacks;
+}
+
+/* Whether this replay may fuse runs: a plain record under NONE or
+ * BALANCED. Whatever BALANCED decides for a fused call's node (keep its
+ * values, or run it again in backward) gives its gradients bit for bit; a
+ * budget is not fused, since a fused call keeps other bytes than its calls
+ * and could exceed a budget they fit (or the reverse). */
+static bool may_fuse(const tg_tape *tape)
+{
+    return !tape->opts.replay_unfused && plain_but_policy(tape) &&
+           (tape->opts.policy == TG_CHECKPOINT_NONE ||
+            tape->opts.policy == TG_CHECKPOINT_BALANCED);
+}
+
 /* Whether this replay may keep the record the last one made and give its
  * nodes back their saves (node_rearm) instead of recording them again:
  * the same bits, since the nodes are those a new record would make, only
@@ -635,17 +656,10 @@ static tg_status groups_restore(tg_tape *tape)
  * hooks, no anomaly mode, and the record untouched since (same generation,
  * nothing recorded after it), each recorded step's output still node k of
  * it. Elsewhere the replay records again. */
-static bool plain_record(const tg_tape *tape)
-{
-    return tape->opts.policy == TG_CHECKPOINT_NONE && !tape->prog_marks && !tape->segment_depth &&
-           !tape->opts.anomaly && !tape->watch && !tape->any_hooks && !tape->nhooks &&
-           !tape->nleaf_hooks && !tape->pack && !tape->npacks;
-}
-
 static bool can_rearm(const tg_tape *tape)
 {
     if (!tape->replay_armed || tape->armed_gen != tape->gen || tape->armed_nodes != tape->nnodes ||
-        !plain_record(tape))
+        tape->opts.policy != TG_CHECKPOINT_NONE || !plain_but_policy(tape))
         return false;
     int64_t k = 0;
     for (int64_t j = 0; j < tape->nprog; j++) {
@@ -682,7 +696,7 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
         if ((st = copy_elems(inputs[k], values[k]))) return st;
         tg__tensor_written(inputs[k]);
     }
-    bool fuse = !tape->opts.replay_unfused && plain_record(tape);
+    bool fuse = may_fuse(tape);
     /* Runs that let go of their middle results get them back before a
      * replay runs them call by call, or the program is planned again. */
     if ((!fuse || tape->planned_nprog != tape->nprog) && (st = groups_restore(tape))) return st;
