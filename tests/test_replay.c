@@ -956,9 +956,9 @@ Test(replay, small_shapes_and_replay_unfused_run_every_call)
 /* ---- Random programs: pointwise calls (maps, and add, sub and mul of
  * any two values, the same one twice included) mixed with calls that are
  * not fused steps (div, softmax), middle results the user sometimes keeps,
- * and a loss of sums and means of several values, in both dtypes and on
- * both backends. Each replay must give recording's loss, gradients and
- * kept values bit for bit. */
+ * and a loss of sums and means of several values, in both dtypes, on both
+ * backends, under NONE and BALANCED. Each replay must give recording's
+ * loss, gradients and kept values bit for bit. */
 #define RP_VALS 24
 
 typedef struct rp_prog {
@@ -1074,7 +1074,8 @@ Test(replay, random_programs_replay_fused_bitwise)
             }
             tg_tape_free(t);
         }
-        tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true});
+        tg_checkpoint_policy pol = seed % 5 == 2 ? TG_CHECKPOINT_BALANCED : TG_CHECKPOINT_NONE;
+        tg_tape *t = tg_tape_new(&(tg_tape_opts){.replay = true, .policy = pol});
         tg_tensor *d = tg_zeros(dt, 2, shape), *kept[RP_VALS];
         cr_assert_eq(tg_tape_input(t, d), TG_OK);
         for (int i = 0; i < 2; i++) cr_assert_eq(tg_requires_grad(t, p[i]), TG_OK);
