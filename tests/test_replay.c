@@ -1270,9 +1270,6 @@ Test(replay, a_fused_run_differentiates_twice_as_recording_does)
             double *q = tu_values(hv[0]);
             tu_expect_values(hv[1], q, n, dt ? 1e-13 : 1e-6);
             free(q);
-            if (getenv("RP_BITS"))
-                cr_expect(same_bits(hv[0], hv[1]), "%s %s: second order differs in bits",
-                          fz_cases[c].name, tg_dtype_name(dtype));
             for (int k = 0; k < 2; k++) tu_release_all(g1[k], 2);
             tu_release_all(hv, 2);
             tg_scope_end();
