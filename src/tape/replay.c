@@ -655,8 +655,9 @@ static bool may_fuse(const tg_tape *tape)
  * state a reset drops: the NONE policy, no segments, no pack or gradient
  * hooks, no anomaly mode, and the record untouched since (same generation,
  * nothing recorded after it), each recorded step's output still node k of
- * it. Elsewhere the replay records again. */
-static bool can_rearm(const tg_tape *tape)
+ * it, and a fused run's call where it runs fused. Elsewhere the replay
+ * records again. */
+static bool can_rearm(const tg_tape *tape, bool fuse)
 {
     if (!tape->replay_armed || tape->armed_gen != tape->gen || tape->armed_nodes != tape->nnodes ||
         tape->opts.policy != TG_CHECKPOINT_NONE || !plain_but_policy(tape))
@@ -664,6 +665,15 @@ static bool can_rearm(const tg_tape *tape)
     int64_t k = 0;
     for (int64_t j = 0; j < tape->nprog; j++) {
         const tg__replay_op *e = &tape->prog[j];
+        if (fuse && e->group) {
+            /* A run that let go of its middle results ran fused last time
+             * and runs fused now: its call is the node. One that did not
+             * may run either way: record again. */
+            const tg__replay_group *g = &tape->groups[e->group - 1];
+            if (!g->dropped) return false;
+            e = &g->call;
+            j = g->k1;
+        }
         if (e->kind != STEP_OP || !e->record) continue;
         const tg_tensor *o = e->out;
         if (k >= tape->nnodes || o->tape != tape || o->is_leaf || o->gen != tape->gen ||
@@ -702,7 +712,7 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
     if ((!fuse || tape->planned_nprog != tape->nprog) && (st = groups_restore(tape))) return st;
     if (fuse && tape->planned_nprog != tape->nprog) plan_groups(tape);
     fuse = fuse && tape->ngroups > 0;
-    bool fast = !fuse && can_rearm(tape);
+    bool fast = can_rearm(tape, fuse);
     int64_t node = 0;
     if (fast) {
         /* The nodes stay; what a backward with retain (or a partial
@@ -722,7 +732,7 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
         tg__replay_op *e = &tape->prog[k];
         tg__replay_group *g = fuse && e->group ? &tape->groups[e->group - 1] : NULL;
         if (g && group_ready(tape, g)) {
-            st = run_step(tape, &g->call, NULL);
+            st = run_step(tape, &g->call, fast ? &node : NULL);
             if (!st && !g->dropped) group_drop(tape, g);
             tape->fused_steps += g->k1 - g->k0 + 1;
             k = g->k1;
