@@ -247,6 +247,46 @@ Test(oom, every_allocation_of_a_training_step_can_fail_with_a_status)
     for_every_failure(train_step, "train step");
 }
 
+/* A replay tape over a pointwise chain on 5000 floats, whose six calls a
+ * replay fuses: three replays and backwards, the second in anomaly mode
+ * (its calls one by one, the fused run's middle values made anew). */
+static tg_status replay_steps(model *m, const char *path)
+{
+    (void)m, (void)path;
+    const int64_t n = 5000;
+    tg_status st = TG_OK;
+    tg_tensor *loss = NULL;
+    tg_scope_begin();
+    tg_tensor *x = tg_full(TG_F32, 1, &n, 0.5), *d = tg_full(TG_F32, 1, &n, 0.25);
+    tg_tape *t = x && d ? tg_tape_new(&(tg_tape_opts){.replay = true}) : NULL;
+    if (!t) st = tg_last_error();
+    if (!st) st = tg_tape_input(t, d);
+    if (!st) st = tg_requires_grad(t, x);
+    if (!st) {
+        tg_scope_begin();
+        tg_tensor *a = tg_tanh(tg_add_scalar(tg_mul(x, d), 1.0));
+        loss = tg_tensor_retain(tg_sum(tg_mul(a, tg_sigmoid(x))));
+        tg_scope_end();
+        if (!loss) st = tg_last_error();
+    }
+    for (int r = 0; r < 3 && !st; r++) {
+        st = tg_tape_set_anomaly(t, r == 1);
+        if (!st) st = tg_tape_replay(t, 1, &d, NULL);
+        if (!st) st = tg_backward(loss);
+    }
+    if (!st && tg_tape_replay_fused_steps(t) != 6)
+        st = TG_ERR_INTERNAL; /* the run must have been fused */
+    tg_tensor_release(loss);
+    tg_tape_free(t);
+    tg_scope_end();
+    return st;
+}
+
+Test(oom, every_allocation_of_a_fused_replay_can_fail_with_a_status)
+{
+    for_every_failure(replay_steps, "fused replay");
+}
+
 static tg_status save_load(model *m, const char *path)
 {
     tg_status st = tg_params_save(m->ps, m->opt, path);

@@ -503,7 +503,9 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
     return true;
 }
 
-/* Plans the program's fused runs (none where memory runs out). */
+/* Plans the program's fused runs (none where memory runs out, to be
+ * planned again at the next replay; fewer where the list of runs cannot
+ * grow). */
 static void plan_groups(tg_tape *tape)
 {
     groups_free(tape);
@@ -517,7 +519,10 @@ static void plan_groups(tg_tape *tape)
     use_map m = {calloc(cap, sizeof(use)), cap - 1};
     tg__replay_group *gs = NULL;
     int64_t ng = 0, capg = 0;
-    if (!m.v) return;
+    if (!m.v) { /* no plan: the calls run one by one; the next replay tries again */
+        tape->planned_nprog = -1;
+        return;
+    }
     for (int64_t k = 0; k < n; k++) {
         if (!fusable(&P[k])) continue;
         use_at(&m, P[k].out, true);
@@ -709,7 +714,10 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
     bool fuse = may_fuse(tape);
     /* Runs that let go of their middle results get them back before a
      * replay runs them call by call, or the program is planned again. */
-    if ((!fuse || tape->planned_nprog != tape->nprog) && (st = groups_restore(tape))) return st;
+    if ((!fuse || tape->planned_nprog != tape->nprog) && (st = groups_restore(tape))) {
+        tg__tape_reset_record(tape); /* as any replay that fails: no record */
+        return st;
+    }
     if (fuse && tape->planned_nprog != tape->nprog) plan_groups(tape);
     fuse = fuse && tape->ngroups > 0;
     bool fast = can_rearm(tape, fuse);
