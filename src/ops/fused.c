@@ -652,6 +652,16 @@ static bool write_result(engine *e, const tg_tensor *x0, tg_tensor **full)
  * the additions is exact). Where the values cannot be shown exact, the
  * result is computed once more, written this time, and summed as tg_sum
  * sums it; for f64 and the ref backend the first pass writes it. */
+TG_THREAD_LOCAL bool tg__fused_sum_reran;
+
+/* The seed a recorded fused sum's forward makes its inputs' gradients for:
+ * 1, a loss's, unless attrs.flag asks for attrs.scalar (replay's runs that
+ * end in a mean: the mean's factor, tape/replay.c). */
+static double sum_seed(const tg_op_attrs *a)
+{
+    return a && a->flag ? a->scalar : 1.0;
+}
+
 static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     int nin = ctx->op->arity - 1;
@@ -662,15 +672,15 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
     engine e;
     engine_init(&e, &pr, in[0], in);
     bool ok = true;
-    /* Recorded: the inputs' gradients for a seed of 1 (a loss's), made
-     * with the forward block by block and kept instead of the values the
-     * backward reads, where they are no more of them; otherwise nothing is
-     * kept and the backward runs the forward again. */
+    /* Recorded: the inputs' gradients for a seed of 1 (a loss's; or
+     * sum_seed's), made with the forward block by block and kept instead of
+     * the values the backward reads, where they are no more of them;
+     * otherwise nothing is kept and the backward runs the forward again. */
     int ngrad = 0;
     for (int i = 0; i < nin; i++) ngrad += (ctx->needs >> i) & 1;
     if (ngrad && ngrad <= pr.nkeep) {
         engine_mode(&e, true);
-        e.gy1 = 1.0;
+        e.gy1 = sum_seed(ctx->attrs);
         for (int i = 0; ok && i < nin; i++) {
             if (!(ctx->needs & (1u << i))) continue;
             ok = (g[i] = tg__tensor_empty(in[i]->dtype, in[i]->ndim, in[i]->shape, e.be)) != NULL;
@@ -698,6 +708,7 @@ static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
         if (tg__exact_sum_parts(ex, exok, parts, e.numel, &v)) {
             *(float *)tg__tensor_ptr(y) = (float)v;
         } else { /* the result once more, written, and tg_sum's own sum of it */
+            tg__fused_sum_reran = true;
             engine_init(&e, &pr, in[0], in);
             ok = write_result(&e, in[0], &full) && run(&e, false);
         }
@@ -825,16 +836,16 @@ static void copy_split(const engine *e, void *dst, const void *src)
         tg__pool_run(copy_part, &j, parts);
 }
 
-/* A fused sum's backward (not recorded). Seeded with 1 (a loss's), the
- * gradients its forward made are the answer; with another seed, or where
- * they are gone, the forward runs again block by block, each block's
- * backward seeded with it. */
+/* A fused sum's backward (not recorded). Seeded with the seed its forward
+ * made the gradients for (sum_seed: 1, a loss's), those are the answer;
+ * with another seed, or where they are gone, the forward runs again block
+ * by block, each block's backward seeded with it. */
 static tg_status fused_sum_bwd(tg_op_ctx *ctx, const prog *pr, tg_tensor *const *in,
                                tg_tensor *gout, tg_tensor **gin)
 {
     double g1 = first_value(gout);
     tg_tensor *made[TG_FUSED_MAX_INPUTS] = {NULL};
-    bool have = g1 == 1.0;
+    bool have = g1 == sum_seed(ctx->attrs);
     for (int i = 0, k = 0; have && i < pr->nin; i++) {
         if (!tg_op_ctx_needs_grad(ctx, i)) continue;
         made[i] = tg_op_ctx_saved(ctx, k++);
@@ -1147,10 +1158,31 @@ bool tg__fused_can_step(const tg_op *op)
     return code_of(op) >= 0;
 }
 
-bool tg__fused_sums_all(const tg_op *op, const tg_op_attrs *a)
+int tg__fused_reduces_all(const tg_op *op, const tg_op_attrs *a)
 {
-    extern const tg_op tg__op_sum;
-    return op == &tg__op_sum && a->nints == 0;
+    extern const tg_op tg__op_sum, tg__op_mean;
+    if (a->nints != 0) return 0;
+    return op == &tg__op_sum ? 1 : op == &tg__op_mean ? 2 : 0;
+}
+
+const tg_op *tg__fused_mean_factor(tg_dtype dt, tg_backend be, int64_t n, double *scale,
+                                   double *seed)
+{
+    extern const tg_op tg__op_mul_scalar;
+    *scale = n ? 1.0 / (double)n : 0.0; /* as mean's forward and backward scale */
+    /* mean's backward seeds the sum with mul_scalar(g, scale): for g = 1,
+     * what the kernel makes of it in dt */
+    double one[1] = {1.0}, out[1];
+    float onef[1] = {1.0f}, outf[1];
+    tg_unary_fn k = (tg_unary_fn)tg__kernel(TG_K_MUL_SCALAR, be, dt);
+    if (dt == TG_F32) {
+        k(1, onef, outf, *scale);
+        *seed = outf[0];
+    } else {
+        k(1, one, out, *scale);
+        *seed = out[0];
+    }
+    return &tg__op_mul_scalar;
 }
 
 tg_tensor *tg__fused_program(int nin, int n, const tg_op *const *op,
@@ -1233,7 +1265,8 @@ FUSED_OP(3, "y = f(x1, x2, x3)")
     const tg_op tg__op_fused_sum_##N = {                                                  \
         .name = "fused_sum_" #N,                                                          \
         .doc = math ", the sum over every element of a fused function's result, not "    \
-               "written (the last input: its program)",                                   \
+               "written (the last input: its program); recorded, the forward makes the "  \
+               "gradients for a seed of 1, or of attrs.scalar where attrs.flag is set",   \
         .arity = N + 1, .shape = fused_sum_shape, .forward = fused_sum_fwd,               \
         .backward = fused_bwd, .cost = TG_COST_MEMORY_BOUND, .saves = (1u << (N + 1)) - 1, \
         .sample = fused_sample_##N,                                                       \

@@ -16,10 +16,24 @@ TG_INTERNAL bool tg__fused_can_step(const tg_op *op);
 TG_INTERNAL tg_tensor *tg__fused_program(int nin, int n, const tg_op *const *op,
                                          const tg_op_attrs *const *attrs, const int *a,
                                          const int *b, tg_backend be);
-/* Whether op with attrs a sums every element of its input (tg_sum): a
- * fused run may end with it. */
-TG_INTERNAL bool tg__fused_sums_all(const tg_op *op, const tg_op_attrs *a);
+/* Whether op with attrs a sums every element of its input (1: tg_sum) or
+ * takes their mean (2: tg_mean); 0 otherwise. A fused run may end with
+ * either: a sum as tg_fused_sum, a mean as a fused sum whose forward makes
+ * the gradients for the mean's seed (attrs.flag, the seed in
+ * attrs.scalar), then the mean's factor. */
+TG_INTERNAL int tg__fused_reduces_all(const tg_op *op, const tg_op_attrs *a);
+/* For a mean of n elements of dtype dt on be: the factor mean applies
+ * (scale) and the seed its backward gives the sum for a gradient of 1
+ * (seed); returns the op that applies the factor (mul_scalar, attrs.scalar
+ * the factor), as mean's forward and backward do. */
+TG_INTERNAL const tg_op *tg__fused_mean_factor(tg_dtype dt, tg_backend be, int64_t n,
+                                               double *scale, double *seed);
 /* The registered op that runs a program of nin inputs: tg_fused_call's, or
  * (sum) tg_fused_sum's. Its inputs: the nin values, then the program. */
 TG_INTERNAL const tg_op *tg__fused_op(int nin, bool sum);
+/* Set by a fused sum's forward (cpu, f32) whose values could not be shown
+ * to sum exactly block by block, so that it ran its forward again to write
+ * them: replay then stops ending that run with its sum. Never cleared by
+ * the ops. */
+TG_INTERNAL extern TG_THREAD_LOCAL bool tg__fused_sum_reran;
 #endif

@@ -62,6 +62,12 @@ typedef struct tg__replay_group {
      * could read them); group_restore makes them again where a replay
      * must run the calls one by one. */
     bool dropped;
+    /* A run that ends in a mean: call makes the sum (its forward the
+     * gradients for the mean's seed) into a value of its own, and post
+     * applies the mean's factor into the mean's result. */
+    bool mean;
+    tg__replay_op post;
+    bool reduce; /* the run ends in a sum or mean: call is a fused sum */
 } tg__replay_group;
 
 static tg__replay_op *prog_push(tg_tape *tape)
@@ -114,12 +120,17 @@ tg_tape *tg__replay_tape_of(int n, tg_tensor *const *in)
     return NULL;
 }
 
+static void call_free(tg__replay_op *c)
+{
+    for (int i = 0; i < c->nin; i++) tg_tensor_release(c->in[i]);
+    tg_tensor_release(c->out);
+}
+
 static void groups_free(tg_tape *tape)
 {
     for (int64_t g = 0; g < tape->ngroups; g++) {
-        tg__replay_op *c = &tape->groups[g].call;
-        for (int i = 0; i < c->nin; i++) tg_tensor_release(c->in[i]);
-        tg_tensor_release(c->out);
+        call_free(&tape->groups[g].call);
+        if (tape->groups[g].mean) call_free(&tape->groups[g].post);
     }
     for (int64_t k = 0; k < tape->nprog; k++) tape->prog[k].group = 0;
     free(tape->groups);
@@ -139,6 +150,9 @@ void tg__replay_free(tg_tape *tape)
     tape->prog = NULL;
     tape->nprog = tape->capprog = 0;
     groups_free(tape);
+    free(tape->no_reduce);
+    tape->no_reduce = NULL;
+    tape->nno_reduce = 0;
     tape->prog_marks = tape->replay_armed = false;
 }
 
@@ -406,11 +420,12 @@ static bool joins(const tg__replay_op *p, const tg__replay_op *e)
            a->backend == b->backend && tg__same_shape(a->ndim, a->shape, b->ndim, b->shape);
 }
 
-/* Whether call e sums every element of p's result (a run's last call). */
-static bool sums(const tg__replay_op *p, const tg__replay_op *e)
+/* Whether call e sums (or averages) every element of p's result (a run's
+ * last call). */
+static bool reduces(const tg__replay_op *p, const tg__replay_op *e)
 {
     return e->kind == STEP_OP && e->nin == 1 && e->in[0] == p->out && e->record == p->record &&
-           tg__fused_sums_all(e->op, &e->attrs);
+           tg__fused_reduces_all(e->op, &e->attrs) > 0;
 }
 
 /* Makes group g of calls s..t (t the result, maybe a sum) if they may run
@@ -468,8 +483,12 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
         if (a[j] >= TG_FUSED_MAX_INPUTS) a[j] = a[j] - TG_FUSED_MAX_INPUTS + nin;
         if (b[j] >= TG_FUSED_MAX_INPUTS) b[j] = b[j] - TG_FUSED_MAX_INPUTS + nin;
     }
-    tg_tensor *pg = tg__fused_program(nin, nsteps, op, at, a, b, P[t].out->backend);
-    if (!pg) {
+    tg_backend be = P[t].out->backend;
+    bool mean = sum && tg__fused_reduces_all(P[t].op, &P[t].attrs) == 2;
+    tg_tensor *pg = tg__fused_program(nin, nsteps, op, at, a, b, be);
+    tg_tensor *total = mean && pg ? tg__tensor_empty_spec(&P[t].out_spec, be) : NULL;
+    if (!pg || (mean && !total)) {
+        tg_tensor_release(pg);
         tg_error_clear();
         return false;
     }
@@ -485,10 +504,28 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
         c->tracked[q] = tracked[q];
     }
     c->in[nin] = pg;
-    c->out = tg_tensor_retain(P[t].out);
+    c->out = mean ? total : tg_tensor_retain(P[t].out);
     c->out_spec = P[t].out_spec;
     c->record = P[t].record;
     c->label = P[t].label;
+    g->reduce = sum;
+    if (mean) {
+        tg__replay_op *q = &g->post;
+        double scale, seed;
+        q->kind = STEP_OP;
+        q->op = tg__fused_mean_factor(P[t].out->dtype, be, P[t - 1].out->numel, &scale, &seed);
+        q->attrs.scalar = scale;
+        q->nin = 1;
+        q->in[0] = tg_tensor_retain(total);
+        q->tracked[0] = c->record;
+        q->out = tg_tensor_retain(P[t].out);
+        q->out_spec = P[t].out_spec;
+        q->record = P[t].record;
+        q->label = P[t].label;
+        c->attrs.flag = 1;
+        c->attrs.scalar = seed;
+        g->mean = true;
+    }
     for (int64_t k = s; k < t; k++) /* held as a result, and once per read */
         g->refs[k - s] = (int32_t)(1 + use_at(m, P[k].out, false)->reads);
     for (int64_t j = s; j <= t; j++)
@@ -501,6 +538,27 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
                     break;
                 }
     return true;
+}
+
+/* Whether step k is a sum or mean no run may end with (no_reduce). */
+static bool listed(const tg_tape *tape, int64_t k)
+{
+    for (int64_t i = 0; i < tape->nno_reduce; i++)
+        if (tape->no_reduce[i] == k) return true;
+    return false;
+}
+
+/* After group g's fused sum ran its forward twice (its values could not be
+ * summed block by block): from the next replay on, the run ends before its
+ * sum or mean, which runs as recorded after a fused call that writes the
+ * values once (planned again). Nothing changes where memory runs out. */
+static void unreduce(tg_tape *tape, const tg__replay_group *g)
+{
+    int64_t *v = realloc(tape->no_reduce, (size_t)(tape->nno_reduce + 1) * sizeof *v);
+    if (!v) return;
+    tape->no_reduce = v;
+    v[tape->nno_reduce++] = g->k1;
+    tape->planned_nprog = -1;
 }
 
 /* Plans the program's fused runs (none where memory runs out, to be
@@ -542,7 +600,7 @@ static void plan_groups(tg_tape *tape)
         }
         int64_t e = s; /* the longest run from s, then the longest valid one */
         while (e + 1 < n && e - s + 1 < TG_FUSED_MAX_OPS && joins(&P[s], &P[e + 1])) e++;
-        if (e + 1 < n && sums(&P[e], &P[e + 1])) e++;
+        if (e + 1 < n && reduces(&P[e], &P[e + 1]) && !listed(tape, e + 1)) e++;
         tg__replay_group g;
         int64_t t = e;
         while (t > s && !group_make(tape, &m, s, t, &g)) t--;
@@ -554,10 +612,8 @@ static void plan_groups(tg_tape *tape)
             int64_t nc = capg ? 2 * capg : 4;
             tg__replay_group *v = realloc(gs, (size_t)nc * sizeof *v);
             if (!v) {
-                tape->groups = gs, tape->ngroups = ng;
-                tg__replay_op *c = &g.call;
-                for (int i = 0; i < c->nin; i++) tg_tensor_release(c->in[i]);
-                tg_tensor_release(c->out);
+                call_free(&g.call);
+                if (g.mean) call_free(&g.post);
                 break;
             }
             gs = v, capg = nc;
@@ -669,22 +725,26 @@ static bool can_rearm(const tg_tape *tape, bool fuse)
         return false;
     int64_t k = 0;
     for (int64_t j = 0; j < tape->nprog; j++) {
-        const tg__replay_op *e = &tape->prog[j];
+        const tg__replay_op *e = &tape->prog[j], *calls[2] = {e, NULL};
         if (fuse && e->group) {
             /* A run that let go of its middle results ran fused last time
-             * and runs fused now: its call is the node. One that did not
-             * may run either way: record again. */
+             * and runs fused now: its call (and a mean's factor) are the
+             * nodes. One that did not may run either way: record again. */
             const tg__replay_group *g = &tape->groups[e->group - 1];
             if (!g->dropped) return false;
-            e = &g->call;
+            calls[0] = &g->call;
+            calls[1] = g->mean ? &g->post : NULL;
             j = g->k1;
         }
-        if (e->kind != STEP_OP || !e->record) continue;
-        const tg_tensor *o = e->out;
-        if (k >= tape->nnodes || o->tape != tape || o->is_leaf || o->gen != tape->gen ||
-            o->node != k || tape->nodes[k].op != e->op || tape->nodes[k].nin != e->nin)
-            return false;
-        k++;
+        for (int c = 0; c < 2 && calls[c]; c++) {
+            e = calls[c];
+            if (e->kind != STEP_OP || !e->record) continue;
+            const tg_tensor *o = e->out;
+            if (k >= tape->nnodes || o->tape != tape || o->is_leaf || o->gen != tape->gen ||
+                o->node != k || tape->nodes[k].op != e->op || tape->nodes[k].nin != e->nin)
+                return false;
+            k++;
+        }
     }
     return k == tape->nnodes;
 }
@@ -740,7 +800,10 @@ tg_status tg_tape_replay(tg_tape *tape, int n, tg_tensor *const *inputs, tg_tens
         tg__replay_op *e = &tape->prog[k];
         tg__replay_group *g = fuse && e->group ? &tape->groups[e->group - 1] : NULL;
         if (g && group_ready(tape, g)) {
+            tg__fused_sum_reran = false;
             st = run_step(tape, &g->call, fast ? &node : NULL);
+            if (!st && g->reduce && tg__fused_sum_reran) unreduce(tape, g);
+            if (!st && g->mean) st = run_step(tape, &g->post, fast ? &node : NULL);
             if (!st && !g->dropped) group_drop(tape, g);
             tape->fused_steps += g->k1 - g->k0 + 1;
             k = g->k1;

@@ -166,6 +166,9 @@ struct tg_tape {
     struct tg__replay_group *groups;
     int64_t ngroups, planned_nprog;
     int64_t fused_steps; /* steps the last replay ran inside fused calls */
+    /* Sums and means a run may not end with: their fused sum had to run
+     * its forward twice (program step indices). */
+    int64_t *no_reduce, nno_reduce;
     bool replaying;
     bool prog_marks;     /* the program has checkpoint segments */
     /* The record is the one the last replay made (armed_gen, armed_nodes
