@@ -29,7 +29,9 @@ void bench_cli_usage(FILE *f, const char *prog)
     fprintf(f, "  replay       (alone) a step recorded again against tg_tape_replay of one\n"
                "               record, on the chain, tiny and mlp: ns per step and per op;\n"
                "               and elementwise (1 thread): replay, whose six calls run\n"
-               "               fused, against the fused pass, recording and unfused replay\n");
+               "               fused, against the fused pass, recording and unfused replay;\n"
+               "               mse (1 thread): a run ending in a mean, against recording\n"
+               "               and unfused replay\n");
     fprintf(f, "  dp           (alone) data-parallel train steps of the mlp and the lstm (cell\n"
                "               by cell, and as one lstm op) on 1..N worker threads (--workers N,\n"
                "               default 2), samples/s and ratios;\n"

@@ -220,25 +220,35 @@ static int rp_run(int kind, bool quick)
  * the same replay with opts.replay_unfused runs them one by one. Both are
  * timed against recording and against the suite's baseline for this
  * chain, one fused pass over the data (elementwise's gemm), in rotating
- * rounds, on one thread (the pass's). */
+ * rounds, on one thread (the pass's).
+ *
+ * mse: mean((tanh(x) - t)^2) on 1M floats, t a constant target: a run
+ * that ends in a mean whose values cannot be shown to sum exactly block by
+ * block (squares near 0), so that from the second replay on the mean runs
+ * as recorded after one fused call (docs/replay.md). No fused pass here. */
 #define RP_ELEM_N (1 << 20)
 
-static tg_tensor *rp_elem_loss(tg_tensor *x)
+static tg_tensor *rp_elem_loss(tg_tensor *x, tg_tensor *t)
 {
+    if (t) {
+        tg_tensor *e = tg_sub(tg_tanh(x), t);
+        return tg_mean(tg_mul(e, e));
+    }
     tg_tensor *a = tg_add_scalar(tg_mul(x, x), 1.0);
-    tg_tensor *t = tg_tanh(a);
+    tg_tensor *th = tg_tanh(a);
     tg_tensor *s = tg_sigmoid(x);
-    return tg_sum(tg_mul(t, s));
+    return tg_sum(tg_mul(th, s));
 }
 
 typedef struct rp_elem {
     tg_params *ps;
-    tg_tensor *x, *loss;
+    tg_tensor *x, *t, *loss; /* t: mse's target (borrowed), NULL for elementwise */
     tg_tape *tape;
 } rp_elem;
 
-static tg_status rp_elem_init(rp_elem *e, const tg_tape_opts *opts)
+static tg_status rp_elem_init(rp_elem *e, const tg_tape_opts *opts, tg_tensor *t)
 {
+    e->t = t;
     tg_rng rng;
     tg_rng_seed(&rng, 3);
     if (!(e->ps = tg_params_new()) ||
@@ -248,7 +258,7 @@ static tg_status rp_elem_init(rp_elem *e, const tg_tape_opts *opts)
     tg_status st = tg_params_requires_grad(e->ps, e->tape);
     if (st || !opts) return st;
     tg_scope_begin();
-    e->loss = tg_tensor_retain(rp_elem_loss(e->x));
+    e->loss = tg_tensor_retain(rp_elem_loss(e->x, e->t));
     tg_scope_end();
     return e->loss ? TG_OK : tg_last_error();
 }
@@ -268,7 +278,7 @@ static tg_status rp_elem_step(rp_elem *e)
         if (!st) st = tg_backward(e->loss);
     } else {
         tg_scope_begin();
-        tg_tensor *loss = rp_elem_loss(e->x);
+        tg_tensor *loss = rp_elem_loss(e->x, e->t);
         st = loss ? tg_backward(loss) : tg_last_error();
         tg_scope_end();
         tg_tape_reset(e->tape);
@@ -277,9 +287,18 @@ static tg_status rp_elem_step(rp_elem *e)
     return st;
 }
 
-static int rp_elem_run(bool quick)
+static int rp_elem_run(bool quick, bool mse)
 {
     int threads = tg_set_num_threads(1); /* the fused pass runs on one */
+    tg_rng trng;
+    tg_rng_seed(&trng, 5);
+    tg_tensor *target = mse ? tg_rand_uniform(&trng, TG_F32, 1, (int64_t[]){RP_ELEM_N}, -1, 1)
+                            : NULL;
+    if (mse && !target) {
+        fprintf(stderr, "tapegrad bench replay: mse: %s\n", tg_last_error_message());
+        tg_set_num_threads(threads);
+        return 1;
+    }
     rp_elem c[3]; /* recording, replay, replay unfused */
     memset(c, 0, sizeof c);
     tg_tape_opts opts[3] = {{0}, {.replay = true}, {.replay = true, .replay_unfused = true}};
@@ -288,15 +307,15 @@ static int rp_elem_run(bool quick)
     /* Each made, then one step of it, its gradient kept (compared bit for
      * bit below) and the bytes it holds between steps counted. */
     bool same = false;
-    int64_t fused = 0;
+    int64_t fused = 0, first = 0;
     size_t held[3] = {0}, peak[3] = {0};
     float *g[3] = {NULL, NULL, NULL};
     for (int k = 0; k < 3 && !st; k++) {
         size_t m0 = tg_mem_current_bytes();
-        st = rp_elem_init(&c[k], k ? &opts[k] : NULL);
+        st = rp_elem_init(&c[k], k ? &opts[k] : NULL, target);
         if (!st && k) st = tg_tape_replay(c[k].tape, 0, NULL, NULL);
         tg_scope_begin();
-        tg_tensor *loss = k ? c[k].loss : st ? NULL : rp_elem_loss(c[k].x);
+        tg_tensor *loss = k ? c[k].loss : st ? NULL : rp_elem_loss(c[k].x, target);
         if (!st) st = loss ? tg_backward(loss) : tg_last_error();
         tg_tensor *gr = st ? NULL : tg_grad(c[k].x);
         if (gr && (g[k] = malloc(RP_ELEM_N * sizeof(float))))
@@ -304,6 +323,10 @@ static int rp_elem_run(bool quick)
         tg_scope_end();
         if (!k) tg_tape_reset(c[0].tape);
         if (c[k].ps) tg_params_zero_grad(c[k].ps);
+        if (k == 1) first = tg_tape_replay_fused_steps(c[1].tape);
+        /* two more steps: a replay's second plans again where a sum came out
+         * of its run (mse) */
+        for (int i = 0; i < 2 && !st; i++) st = rp_elem_step(&c[k]);
         held[k] = tg_mem_current_bytes() - m0;
     }
     for (int k = 0; k < 3 && !st; k++) { /* a step's peak above what is held */
@@ -318,13 +341,13 @@ static int rp_elem_run(bool quick)
                !memcmp(g[0], g[2], RP_ELEM_N * sizeof(float));
     }
     for (int k = 0; k < 3; k++) free(g[k]);
-    void *base = st ? NULL : bench_wl_elementwise.setup(err, sizeof err);
-    if (!st && !base) st = TG_ERR_INVALID;
-    int rounds = quick ? 3 : 15, reps = quick ? 3 : 20;
-    double t[4][64], r_pass[64], r_rec[64], r_unf[64];
+    void *base = st || mse ? NULL : bench_wl_elementwise.setup(err, sizeof err);
+    if (!st && !mse && !base) st = TG_ERR_INVALID;
+    int rounds = quick ? 3 : 15, reps = quick ? 3 : 20, ways = mse ? 3 : 4;
+    double t[4][64] = {{0}}, r_pass[64], r_rec[64], r_unf[64];
     for (int r = 0; r < rounds && !st; r++) {
-        for (int j = 0; j < 4 && !st; j++) {
-            int k = (j + r) % 4; /* 0..2 the tapes, 3 the fused pass */
+        for (int j = 0; j < ways && !st; j++) {
+            int k = (j + r) % ways; /* 0..2 the tapes, 3 the fused pass */
             double t0 = bench_now_ns();
             for (int i = 0; i < reps && !st; i++) {
                 if (k == 3)
@@ -334,34 +357,41 @@ static int rp_elem_run(bool quick)
             }
             t[k][r] = (bench_now_ns() - t0) / reps;
         }
-        r_pass[r] = t[1][r] / t[3][r];
+        r_pass[r] = mse ? 0 : t[1][r] / t[3][r];
         r_rec[r] = t[0][r] / t[1][r];
         r_unf[r] = t[2][r] / t[1][r];
     }
     if (!st) {
         bench_stat a = bench_stat_of(r_pass, rounds), b = bench_stat_of(r_rec, rounds),
                    u = bench_stat_of(r_unf, rounds);
-        printf("elementwise sum(tanh(x*x + 1) * sigmoid(x)), x 1M f32 (a parameter), 1 thread; "
-               "gradients bitwise equal: %s; %lld of 6 calls fused\n",
-               same ? "yes" : "NO", (long long)fused);
-        printf("       record %7.3f ms  replay %7.3f ms  replay unfused %7.3f ms  fused pass "
-               "%7.3f ms\n",
+        if (mse)
+            printf("mse    mean((tanh(x) - t)^2), x 1M f32 (a parameter), 1 thread; gradients "
+                   "bitwise equal: %s; %lld of 4 calls fused at the first replay, %lld after\n",
+                   same ? "yes" : "NO", (long long)first, (long long)fused);
+        else
+            printf("elementwise sum(tanh(x*x + 1) * sigmoid(x)), x 1M f32 (a parameter), 1 "
+                   "thread; gradients bitwise equal: %s; %lld of 6 calls fused\n",
+                   same ? "yes" : "NO", (long long)fused);
+        printf("       record %7.3f ms  replay %7.3f ms  replay unfused %7.3f ms",
                bench_median(t[0], rounds) / 1e6, bench_median(t[1], rounds) / 1e6,
-               bench_median(t[2], rounds) / 1e6, bench_median(t[3], rounds) / 1e6);
-        printf("       replay / fused pass %.2fx (rounds %.2f-%.2f); record/replay %.2fx "
-               "(%.2f-%.2f); unfused/replay %.2fx (%.2f-%.2f)\n",
-               a.median, a.min, a.max, b.median, b.min, b.max, u.median, u.min, u.max);
+               bench_median(t[2], rounds) / 1e6);
+        if (!mse) printf("  fused pass %7.3f ms", bench_median(t[3], rounds) / 1e6);
+        printf("\n       ");
+        if (!mse) printf("replay / fused pass %.2fx (rounds %.2f-%.2f); ", a.median, a.min, a.max);
+        printf("record/replay %.2fx (%.2f-%.2f); unfused/replay %.2fx (%.2f-%.2f)\n", b.median,
+               b.min, b.max, u.median, u.min, u.max);
         const double MB = 1024.0 * 1024.0;
         printf("       MiB held between steps (parameter, gradient, program): record %.1f, "
                "replay %.1f, unfused %.1f; a step's peak above that: %.1f, %.1f, %.1f\n",
                held[0] / MB, held[1] / MB, held[2] / MB, peak[0] / MB, peak[1] / MB,
                peak[2] / MB);
     } else {
-        fprintf(stderr, "tapegrad bench replay: elementwise: %s\n",
+        fprintf(stderr, "tapegrad bench replay: %s: %s\n", mse ? "mse" : "elementwise",
                 err[0] ? err : tg_last_error_message());
     }
     if (base) bench_wl_elementwise.teardown(base);
     for (int k = 0; k < 3; k++) rp_elem_free(&c[k]);
+    tg_tensor_release(target);
     tg_set_num_threads(threads);
     return st || !same;
 }
@@ -377,6 +407,7 @@ int bench_replay_cli(const bench_opts *o)
            o->quick ? "3 (quick: not a measurement)" : "15");
     int failed = 0;
     for (int k = 0; k < 3; k++) failed += rp_run(k, o->quick);
-    failed += rp_elem_run(o->quick);
+    failed += rp_elem_run(o->quick, false);
+    failed += rp_elem_run(o->quick, true);
     return failed ? 1 : 0;
 }
