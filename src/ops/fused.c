@@ -646,12 +646,6 @@ static bool write_result(engine *e, const tg_tensor *x0, tg_tensor **full)
     return *full != NULL;
 }
 
-/* The forward writes no result where it can: on the cpu in f32 each part
- * sums its blocks' results in the exact pass (backend/cpu/reduce.c),
- * whose value, when it succeeds, is the bits tg_sum gives (every order of
- * the additions is exact). Where the values cannot be shown exact, the
- * result is computed once more, written this time, and summed as tg_sum
- * sums it; for f64 and the ref backend the first pass writes it. */
 TG_THREAD_LOCAL bool tg__fused_sum_reran;
 
 /* The seed a recorded fused sum's forward makes its inputs' gradients for:
@@ -662,6 +656,13 @@ static double sum_seed(const tg_op_attrs *a)
     return a && a->flag ? a->scalar : 1.0;
 }
 
+/* The forward writes no result where it can: on the cpu in f32 each part
+ * sums its blocks' results in the exact pass (backend/cpu/reduce.c),
+ * whose value, when it succeeds, is the bits tg_sum gives (every order of
+ * the additions is exact). Where the values cannot be shown exact, the
+ * result is computed once more, written this time, and summed as tg_sum
+ * sums it (tg__fused_sum_reran); for f64 and the ref backend the first
+ * pass writes it. */
 static tg_tensor *fused_sum_fwd(tg_op_ctx *ctx, tg_tensor *const *in)
 {
     int nin = ctx->op->arity - 1;
@@ -933,6 +934,19 @@ static int code_of(const tg_op *op)
     return -1;
 }
 
+/* Step j's words: op (its code), operands a and b (-1: a map), and the
+ * attributes a step reads (the scalar, and the second parameter of clamp
+ * and softplus). */
+static void step_words(int64_t *w, int j, int code, const tg_op_attrs *at, int a, int b)
+{
+    int64_t *sw = w + HEAD + STEP * j;
+    sw[0] = code;
+    sw[1] = a;
+    sw[2] = b;
+    sw[3] = bits_of(at->scalar);
+    sw[4] = bits_of(at->nints > 0 ? tg__attrs_get_f64(at, 0) : 0.0);
+}
+
 /* Turns the record of probe[0..n) -> out into program words (w, HEAD +
  * STEP * TG_FUSED_MAX_OPS of them); the number of steps, or -1 with the
  * error recorded. Only the nodes out depends on become steps. */
@@ -979,27 +993,21 @@ static int compile_record(const tg_tape *tape, int n, tg_tensor *const *probe,
                          TG_FUSED_MAX_OPS);
             break;
         }
-        int64_t *sw = w + HEAD + STEP * nsteps;
-        const tg_op_attrs *at = tg__node_attrs(tape, nd);
-        sw[0] = code;
-        sw[2] = -1;
-        sw[3] = bits_of(at->scalar);
-        sw[4] = bits_of(at->nints > 0 ? tg__attrs_get_f64(at, 0) : 0.0);
+        int ref[2] = {-1, -1};
         for (int i = 0; i < nd->nin && !st; i++) {
-            int ref = -1;
             if (nd->in_node[i] >= 0) {
-                ref = n + step_of[nd->in_node[i]];
+                ref[i] = n + step_of[nd->in_node[i]];
             } else {
                 for (int k = 0; k < n; k++)
-                    if (nd->in_slot[i] >= 0 && probe[k]->slot == nd->in_slot[i]) ref = k;
+                    if (nd->in_slot[i] >= 0 && probe[k]->slot == nd->in_slot[i]) ref[i] = k;
             }
-            if (ref < 0)
+            if (ref[i] < 0)
                 st = tg__err(TG_ERR_UNSUPPORTED, "bad argument #1 to 'fused_new' ('%s' reads a "
                                                  "tensor that is not one of the function's "
                                                  "inputs; constants go in as the scalars of "
                                                  "add_scalar and mul_scalar)", nd->op->name);
-            sw[1 + i] = ref;
         }
+        step_words(w, nsteps, code, tg__node_attrs(tape, nd), ref[0], ref[1]);
         step_of[j] = nsteps++;
     }
     free(need);
@@ -1200,14 +1208,7 @@ tg_tensor *tg__fused_program(int nin, int n, const tg_op *const *op,
     w[0] = PROG_MAGIC;
     w[1] = nin;
     w[2] = n;
-    for (int j = 0; j < n; j++) {
-        int64_t *sw = w + HEAD + STEP * j;
-        sw[0] = code_of(op[j]);
-        sw[1] = a[j];
-        sw[2] = b[j];
-        sw[3] = bits_of(attrs[j]->scalar);
-        sw[4] = bits_of(attrs[j]->nints > 0 ? tg__attrs_get_f64(attrs[j], 0) : 0.0);
-    }
+    for (int j = 0; j < n; j++) step_words(w, j, code_of(op[j]), attrs[j], a[j], b[j]);
     prog pr; /* the words as a call will check them */
     if (decode(tg__fused_op(nin, false), t, nin, &pr)) {
         tg_tensor_release(t);
