@@ -45,6 +45,10 @@ typedef struct tg__replay_op {
     int32_t group; /* 1 + the index of the fused run this step starts; 0: none */
 } tg__replay_op;
 
+typedef struct tg__replay_site {
+    uint8_t step, arg, mid;
+} tg__replay_site;
+
 /* A run of program steps k0..k1 that a replay may run as one fused call
  * (call: the fused op on the run's inputs and program, into the run's
  * last result). */
@@ -54,9 +58,7 @@ typedef struct tg__replay_group {
     int32_t refs[TG_FUSED_MAX_OPS]; /* steps k0..k1-1: the program's references to each result */
     /* Where the run's calls read a middle result: step k0 + step, its
      * input arg, the result of step k0 + mid. */
-    struct {
-        uint8_t step, arg, mid;
-    } site[2 * (TG_FUSED_MAX_OPS + 1)];
+    tg__replay_site site[2 * (TG_FUSED_MAX_OPS + 1)];
     int nsites;
     /* The program let go of the middle results after a fused run (nothing
      * could read them); group_restore makes them again where a replay
@@ -371,8 +373,7 @@ drop:
 /* The program's reads of one tensor a fusable call reads or makes. */
 typedef struct use {
     const tg_tensor *t;
-    int64_t reads;     /* operand places that read it, in the whole program */
-    int64_t last_read; /* the last step that reads it (-1: none) */
+    int64_t reads; /* operand places that read it, in the whole program */
 } use;
 
 typedef struct use_map {
@@ -389,7 +390,7 @@ static use *use_at(use_map *m, const tg_tensor *t, bool add)
         i = (i + 1) & m->mask;
     }
     if (!add) return NULL;
-    m->v[i] = (use){.t = t, .reads = 0, .last_read = -1};
+    m->v[i] = (use){.t = t, .reads = 0};
     return &m->v[i];
 }
 
@@ -443,13 +444,8 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
     int nin = 0, a[TG_FUSED_MAX_OPS], b[TG_FUSED_MAX_OPS];
     const tg_op *op[TG_FUSED_MAX_OPS];
     const tg_op_attrs *at[TG_FUSED_MAX_OPS];
-    /* Middle results: read inside only, and read there (a value nothing
-     * reads would make its inputs zero gradients where the sweep, never
-     * reaching them from it, makes none). */
-    for (int64_t k = s; k < t; k++) {
-        const use *u = use_at(m, P[k].out, false);
-        if (u->last_read > t || u->reads == 0) return false;
-    }
+    tg__replay_site site[2 * (TG_FUSED_MAX_OPS + 1)];
+    int nsites = 0, reads_in[TG_FUSED_MAX_OPS] = {0}; /* reads of each middle result */
     for (int j = 0; j < nsteps; j++) {
         const tg__replay_op *e = &P[s + j];
         op[j] = e->op;
@@ -458,7 +454,11 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
         for (int i = 0; i < e->nin; i++) {
             int ref = -1; /* an earlier step's result: MAX_INPUTS + its index, for now */
             for (int k = j - 1; k >= 0 && ref < 0; k--)
-                if (P[s + k].out == e->in[i]) ref = TG_FUSED_MAX_INPUTS + k;
+                if (P[s + k].out == e->in[i]) {
+                    ref = TG_FUSED_MAX_INPUTS + k;
+                    site[nsites++] = (tg__replay_site){(uint8_t)j, (uint8_t)i, (uint8_t)k};
+                    reads_in[k]++;
+                }
             if (ref < 0) {
                 for (int q = 0; q < nin && ref < 0; q++)
                     if (in[q] == e->in[i]) ref = q;
@@ -473,6 +473,15 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
             *(i ? &b[j] : &a[j]) = ref;
         }
     }
+    if (sum) { /* the sum or mean reads the last step's result */
+        site[nsites++] = (tg__replay_site){(uint8_t)nsteps, 0, (uint8_t)(nsteps - 1)};
+        reads_in[nsteps - 1]++;
+    }
+    /* Middle results: read inside, and nowhere else (a value nothing reads
+     * would make its inputs zero gradients where the sweep, never reaching
+     * them from it, makes none). */
+    for (int64_t k = 0; k < t - s; k++)
+        if (!reads_in[k] || use_at(m, P[s + k].out, false)->reads != reads_in[k]) return false;
     /* An input read twice inside and also outside would get the outside
      * gradient between the inside ones, unfused. */
     for (int q = 0; q < nin; q++)
@@ -526,17 +535,10 @@ static bool group_make(tg_tape *tape, use_map *m, int64_t s, int64_t t, tg__repl
         c->attrs.scalar = seed;
         g->mean = true;
     }
-    for (int64_t k = s; k < t; k++) /* held as a result, and once per read */
-        g->refs[k - s] = (int32_t)(1 + use_at(m, P[k].out, false)->reads);
-    for (int64_t j = s; j <= t; j++)
-        for (int i = 0; i < P[j].nin; i++)
-            for (int64_t k = s; k < j; k++)
-                if (P[j].in[i] == P[k].out) {
-                    g->site[g->nsites].step = (uint8_t)(j - s);
-                    g->site[g->nsites].arg = (uint8_t)i;
-                    g->site[g->nsites++].mid = (uint8_t)(k - s);
-                    break;
-                }
+    for (int64_t k = 0; k < t - s; k++) /* held as a result, and once per read */
+        g->refs[k] = 1 + reads_in[k];
+    memcpy(g->site, site, (size_t)nsites * sizeof *site);
+    g->nsites = nsites;
     return true;
 }
 
@@ -590,7 +592,7 @@ static void plan_groups(tg_tape *tape)
         if (P[k].kind != STEP_OP) continue;
         for (int i = 0; i < P[k].nin; i++) {
             use *u = use_at(&m, P[k].in[i], false);
-            if (u) u->reads++, u->last_read = k;
+            if (u) u->reads++;
         }
     }
     for (int64_t s = 0; s < n;) {
